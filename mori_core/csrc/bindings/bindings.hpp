@@ -1,0 +1,16 @@
+// Registration entry points of the extension's areas.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace mori::bindings {
+
+void RegisterIo(pybind11::module_& m);
+#ifdef MORI_HAS_SHMEM_BINDINGS
+void RegisterShmem(pybind11::module_& m);
+#endif
+#ifdef MORI_HAS_OPS_BINDINGS
+void RegisterOps(pybind11::module_& m);
+#endif
+
+}  // namespace mori::bindings

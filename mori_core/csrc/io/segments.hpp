@@ -1,0 +1,39 @@
+// A transfer is a list of (local offset, remote offset, size) segments between
+// one local and one remote memory region. These helpers are shared by every
+// backend: bounds checking (the same rule on both sides of the wire) and
+// merging of segments that are contiguous in both regions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mori::io {
+
+struct Segment {
+  uint64_t localOffset;
+  uint64_t remoteOffset;
+  uint64_t size;
+};
+using SegmentList = std::vector<Segment>;
+
+// Builds segments from MORI's parallel offset/size lists. Throws
+// InvalidArgument when the three lists differ in length.
+SegmentList MakeSegments(const std::vector<uint64_t>& localOffsets,
+                         const std::vector<uint64_t>& remoteOffsets,
+                         const std::vector<uint64_t>& sizes);
+
+// "" when every segment lies inside both regions, otherwise a message naming
+// the first offending segment, its range and the limit it exceeds.
+std::string CheckBounds(const SegmentList& segs, uint64_t localSize, uint64_t remoteSize);
+
+// "" when every (offset, size) lies inside a region of `regionSize` bytes.
+std::string CheckRangeInRegion(uint64_t offset, uint64_t size, uint64_t regionSize);
+
+// Drops empty segments, orders by remote offset (stable for equal offsets)
+// and merges neighbours that are contiguous in both regions.
+SegmentList MergeContiguous(SegmentList segs);
+
+uint64_t TotalBytes(const SegmentList& segs);
+
+}  // namespace mori::io

@@ -1,0 +1,359 @@
+#include "io/tcp/peer_link.hpp"
+
+#include <algorithm>
+#include <poll.h>
+
+#include <chrono>
+
+#include "common/logging.hpp"
+#include "io/tcp/wire.hpp"
+
+namespace mori::io::tcp {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<ByteRange> LocalRanges(const SegmentList& segs) {
+  std::vector<ByteRange> r;
+  r.reserve(segs.size());
+  for (const auto& s : segs) r.emplace_back(s.localOffset, s.size);
+  return r;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- frame planning
+uint64_t ChooseFrameBytes(uint64_t total, const TcpBackendConfig& cfg) {
+  uint64_t n = static_cast<uint64_t>(std::max(1, cfg.numConnections));
+  uint64_t per = (total + n - 1) / n;
+  uint64_t hi = std::min<uint64_t>(std::max<uint64_t>(cfg.chunkBytes, 1), kMaxFrameBytes);
+  uint64_t lo = std::min(cfg.minChunkBytes, hi);
+  return std::clamp<uint64_t>(per, std::max<uint64_t>(lo, 1), hi);
+}
+
+std::vector<SegmentList> PlanFrames(const SegmentList& segments, uint64_t frameBytes) {
+  std::vector<SegmentList> out;
+  SegmentList cur;
+  uint64_t curBytes = 0;
+  auto flush = [&] {
+    if (!cur.empty()) out.push_back(std::move(cur));
+    cur = SegmentList();
+    curBytes = 0;
+  };
+  for (Segment s : segments) {
+    while (s.size > 0) {
+      if (cur.size() == kMaxSegmentsPerFrame || curBytes == frameBytes) flush();
+      uint64_t take = std::min(s.size, frameBytes - curBytes);
+      cur.push_back({s.localOffset, s.remoteOffset, take});
+      curBytes += take;
+      s.localOffset += take;
+      s.remoteOffset += take;
+      s.size -= take;
+    }
+  }
+  flush();
+  return out;
+}
+
+// ----------------------------------------------------------------- Connection
+Connection::Connection(const LinkTarget& target, int index)
+    : target_(target), index_(index), txStager_(target.config.stagingBytes), rxStager_(target.config.stagingBytes) {
+  lastProgressMs_ = NowMs();
+  sender_ = std::thread([this] { SendLoop(); });
+}
+
+Connection::~Connection() {
+  stop_ = true;
+  Fail("engine is shutting down");
+  if (sender_.joinable()) sender_.join();
+  if (receiver_.joinable()) receiver_.join();
+}
+
+void Connection::Resolve(const FramePtr& f, StatusCode code, const std::string& message) {
+  // Caller holds no lock; `resolved` was claimed under mu_.
+  outstanding_.fetch_sub(1);
+  f->xfer->FrameDone(code, message);
+}
+
+void Connection::Enqueue(FramePtr frame) {
+  outstanding_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_) {
+      if (outstanding_.load() == 1) lastProgressMs_ = NowMs();
+      queue_.push_back(std::move(frame));
+      cv_.notify_one();
+      return;
+    }
+    frame->resolved = true;
+  }
+  Resolve(frame, StatusCode::ERR_BAD_STATE, failReason_);
+}
+
+void Connection::Fail(const std::string& reason) {
+  std::vector<FramePtr> victims;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_) {
+      broken_ = true;
+      failReason_ = "TCP connection " + std::to_string(index_) + " to engine '" + target_.remote.key + "' (" +
+                    target_.remote.host + ":" + std::to_string(target_.remote.port) + ") failed: " + reason;
+      if (!stop_) MORI_WARN(failReason_);
+      sock_.Shutdown();
+    }
+    for (auto* q : {&queue_, &inflight_})
+      for (auto& f : *q)
+        if (!f->resolved && f->busy == 0) {
+          f->resolved = true;
+          victims.push_back(f);
+        }
+    queue_.clear();
+    // Frames a socket thread is still moving stay; that thread resolves them.
+    std::deque<FramePtr> keep;
+    for (auto& f : inflight_)
+      if (!f->resolved) keep.push_back(f);
+    inflight_.swap(keep);
+  }
+  cv_.notify_all();
+  for (auto& f : victims) Resolve(f, StatusCode::ERR_BAD_STATE, failReason_);
+}
+
+void Connection::SendLoop() {
+  try {
+    net::Socket s = net::Dial(target_.remote.host, target_.remote.port, net::Channel::TcpData, target_.handshake,
+                              target_.remote.key, target_.config.connectTimeoutMs);
+    s.ConfigureForBulk(target_.config.sockBufBytes, target_.config.opTimeoutMs);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return;
+    sock_ = std::move(s);
+  } catch (const std::exception& e) {
+    Fail(e.what());
+    return;
+  }
+  receiver_ = std::thread([this] { RecvLoop(); });
+  while (true) {
+    FramePtr f;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return broken_ || !queue_.empty(); });
+      if (broken_) return;
+      f = std::move(queue_.front());
+      queue_.pop_front();
+      f->requestId = nextRequestId_++;
+      f->busy++;
+      inflight_.push_back(f);  // before sending: the reply may beat sendmsg's return
+    }
+    std::string err;
+    MORI_DEBUG("conn " << index_ << " sending request " << f->requestId << " (" << f->bytes << " bytes)");
+    bool ok = SendFrame(*f, &err);
+    MORI_DEBUG("conn " << index_ << " sent request " << f->requestId << " ok=" << ok);
+    bool resolveHere = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      f->busy--;
+      // The reply may already be in (it can beat sendmsg's return); if so, or
+      // if the connection broke meanwhile, this thread finishes the frame.
+      if (!f->resolved && f->busy == 0 && (f->hasOutcome || broken_)) {
+        f->resolved = true;
+        resolveHere = true;
+      }
+    }
+    if (ok) lastProgressMs_ = NowMs();
+    if (!ok) Fail(err);
+    if (resolveHere) {
+      if (f->hasOutcome) Resolve(f, f->outcome, f->outcomeMessage);
+      else Resolve(f, StatusCode::ERR_BAD_STATE, failReason_);
+    }
+    if (!ok) return;
+  }
+}
+
+bool Connection::SendFrame(Frame& f, std::string* err) {
+  RequestHeader h{};
+  h.magic = kFrameMagic;
+  h.op = static_cast<uint8_t>(f.isRead ? Op::Read : Op::Write);
+  h.flags = f.notifyTotal ? kFlagNotify : 0;
+  h.memId = f.remoteMemId;
+  h.numSegments = static_cast<uint32_t>(f.segments.size());
+  h.requestId = f.requestId;
+  h.uid = f.uid;
+  h.totalBytes = f.bytes;
+  h.notifyTotal = f.notifyTotal;
+  std::vector<WireSegment> table(f.segments.size());
+  for (size_t i = 0; i < f.segments.size(); ++i) table[i] = {f.segments[i].remoteOffset, f.segments[i].size};
+
+  const int64_t t = target_.config.opTimeoutMs;
+  const TcpTransfer& x = *f.xfer;
+  std::vector<struct iovec> iov;
+  iov.reserve(2 + (f.isRead ? 0 : f.segments.size()));
+  iov.push_back({&h, sizeof(h)});
+  iov.push_back({table.data(), table.size() * sizeof(WireSegment)});
+  if (f.isRead || x.localLoc == MemoryLocationType::GPU) {
+    if (!sock_.SendV(iov.data(), iov.size(), t, err)) return false;
+    if (f.isRead) return true;
+    return txStager_.SendFromDevice(sock_, x.localDevice, x.localBase, LocalRanges(f.segments), t, err);
+  }
+  for (const auto& s : f.segments) iov.push_back({x.localBase + s.localOffset, s.size});
+  return sock_.SendV(iov.data(), iov.size(), t, err);
+}
+
+bool Connection::WaitForReply(std::string* err) {
+  // Idle time does not count: the clock runs only while requests are outstanding.
+  while (true) {
+    struct pollfd p{sock_.fd(), POLLIN, 0};
+    int r = ::poll(&p, 1, 100);
+    if (r > 0) return true;
+    if (broken_) {
+      *err = "closed";
+      return false;
+    }
+    int64_t now = NowMs();
+    if (outstanding_.load() == 0) {
+      lastProgressMs_ = now;
+    } else if (now - lastProgressMs_.load() > target_.config.opTimeoutMs) {
+      *err = "no reply for " + std::to_string(target_.config.opTimeoutMs) +
+             " ms (peer stalled; raise TcpBackendConfig.op_timeout_ms for slow links)";
+      return false;
+    }
+  }
+}
+
+bool Connection::ReceiveReply(std::string* err) {
+  const int64_t t = target_.config.opTimeoutMs;
+  ReplyHeader h{};
+  if (!sock_.RecvAll(&h, sizeof(h), t, err)) return false;
+  lastProgressMs_ = NowMs();
+  if (h.magic != kFrameMagic || h.kind < 1 || h.kind > 3 || h.messageLen > kMaxReplyMessage) {
+    *err = "malformed reply from peer";
+    return false;
+  }
+  MORI_DEBUG("conn " << index_ << " reply for request " << h.requestId << " kind " << int(h.kind));
+  FramePtr f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (inflight_.empty() || inflight_.front()->requestId != h.requestId) {
+      *err = "reply for unknown request " + std::to_string(h.requestId);
+      return false;
+    }
+    f = inflight_.front();
+    f->busy++;
+  }
+  std::string message(h.messageLen, '\0');
+  bool ok = sock_.RecvAll(message.data(), message.size(), t, err);
+  StatusCode code = StatusCode::SUCCESS;
+  std::string text;
+  auto kind = static_cast<ReplyKind>(h.kind);
+  if (ok) {
+    if (kind == ReplyKind::Error) {
+      code = IsError(static_cast<StatusCode>(h.code)) ? static_cast<StatusCode>(h.code) : StatusCode::ERR_BAD_STATE;
+      text = "engine '" + target_.remote.key + "' refused the transfer: " + message;
+    } else if (kind == ReplyKind::Ack) {
+      if (f->isRead) {
+        *err = "write acknowledgement for a read request";
+        ok = false;
+      }
+    } else {  // ReadData
+      if (!f->isRead || h.dataBytes != f->bytes) {
+        *err = "read reply of " + std::to_string(h.dataBytes) + " bytes, expected " + std::to_string(f->bytes);
+        ok = false;
+      } else {
+        const TcpTransfer& x = *f->xfer;
+        if (x.localLoc == MemoryLocationType::GPU) {
+          ok = rxStager_.RecvToDevice(sock_, x.localDevice, x.localBase, LocalRanges(f->segments), t, err);
+        } else {
+          std::vector<struct iovec> iov;
+          iov.reserve(f->segments.size());
+          for (const auto& s : f->segments) iov.push_back({x.localBase + s.localOffset, s.size});
+          ok = sock_.RecvV(iov.data(), iov.size(), t, err);
+        }
+      }
+    }
+  }
+  if (!ok) {
+    code = StatusCode::ERR_BAD_STATE;
+    text = "TCP transfer to engine '" + target_.remote.key + "' failed: " + *err;
+  }
+  bool resolveHere = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    f->busy--;
+    f->hasOutcome = true;
+    f->outcome = code;
+    f->outcomeMessage = text;
+    if (!f->resolved && f->busy == 0) {
+      f->resolved = true;
+      resolveHere = true;
+    }
+    if (!inflight_.empty() && inflight_.front() == f) inflight_.pop_front();
+  }
+  lastProgressMs_ = NowMs();
+  if (resolveHere) Resolve(f, code, text);
+  return ok;
+}
+
+void Connection::RecvLoop() {
+  std::string err;
+  while (true) {
+    if (!WaitForReply(&err) || !ReceiveReply(&err)) break;
+  }
+  Fail(err);
+}
+
+// ------------------------------------------------------------------- PeerLink
+PeerLink::PeerLink(LinkTarget target) : target_(std::move(target)) {
+  conns_.resize(static_cast<size_t>(std::max(1, target_.config.numConnections)));
+}
+
+PeerLink::~PeerLink() { Close(); }
+
+void PeerLink::Close() {
+  alive_ = false;
+  std::vector<std::shared_ptr<Connection>> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    old.swap(conns_);
+    conns_.resize(old.size());
+  }
+  old.clear();  // joins the connections' threads, failing what they held
+}
+
+std::shared_ptr<Connection> PeerLink::ConnectionAt(size_t i) {
+  std::shared_ptr<Connection> stale;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& c = conns_[i % conns_.size()];
+  if (!c || c->Broken()) {
+    stale = std::move(c);
+    c = std::make_shared<Connection>(target_, static_cast<int>(i % conns_.size()));
+  }
+  return c;
+  // `stale` (if any) is released after the lock: its threads have already stopped.
+}
+
+void PeerLink::Submit(const std::shared_ptr<TcpTransfer>& xfer, uint32_t remoteMemId, const SegmentList& segments,
+                      TransferUniqueId uid, bool isRead) {
+  uint64_t total = TotalBytes(segments);
+  std::vector<SegmentList> plans = PlanFrames(segments, ChooseFrameBytes(total, target_.config));
+  if (plans.empty()) {  // nothing to move (all segments empty)
+    xfer->status->Update(StatusCode::SUCCESS);
+    return;
+  }
+  xfer->remaining = static_cast<uint32_t>(plans.size());
+  uint32_t notifyTotal = target_.config.enableNotification ? static_cast<uint32_t>(plans.size()) : 0;
+  size_t start = rr_.fetch_add(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    auto f = std::make_shared<Frame>();
+    f->xfer = xfer;
+    f->isRead = isRead;
+    f->remoteMemId = remoteMemId;
+    f->uid = uid;
+    f->notifyTotal = notifyTotal;
+    f->bytes = TotalBytes(plans[i]);
+    f->segments = std::move(plans[i]);
+    ConnectionAt(start + i)->Enqueue(std::move(f));
+  }
+}
+
+}  // namespace mori::io::tcp

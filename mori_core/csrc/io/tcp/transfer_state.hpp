@@ -1,0 +1,75 @@
+// Book-keeping of one TCP transfer split into frames.
+//
+// The status becomes terminal only when every frame has resolved (acked,
+// refused or failed with its connection): a caller that sees Failed can free
+// its buffer, because no socket thread still reads from or writes into it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "io/common.hpp"
+#include "io/memory_table.hpp"
+#include "io/segments.hpp"
+
+namespace mori::io::tcp {
+
+struct TcpTransfer {
+  StatusPtr status;
+  RegionPin localPin;  // keeps the local region registered until the end
+  uint8_t* localBase = nullptr;
+  MemoryLocationType localLoc = MemoryLocationType::CPU;
+  int localDevice = -1;
+  std::atomic<uint32_t> remaining{0};
+
+  void FrameDone(StatusCode code, const std::string& message) {
+    if (IsError(code)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!IsError(firstError_)) {
+        firstError_ = code;
+        firstMessage_ = message;
+      }
+    }
+    if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      StatusCode c;
+      std::string m;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        c = firstError_;
+        m = firstMessage_;
+      }
+      localPin = RegionPin();
+      status->Update(c, m);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  StatusCode firstError_ = StatusCode::SUCCESS;
+  std::string firstMessage_;
+};
+
+// One request on the wire; `segments` hold local and remote offsets.
+struct Frame {
+  std::shared_ptr<TcpTransfer> xfer;
+  bool isRead = false;
+  uint32_t remoteMemId = 0;
+  TransferUniqueId uid = 0;
+  uint32_t notifyTotal = 0;  // 0 = no notification
+  SegmentList segments;
+  uint64_t bytes = 0;
+  uint64_t requestId = 0;  // set by the connection
+  // Guarded by the owning connection's mutex: a frame whose bytes a socket
+  // thread is moving right now is resolved by that thread, never under it.
+  int busy = 0;
+  bool resolved = false;
+  // The reply, once received; applied by whichever thread drops busy to 0.
+  bool hasOutcome = false;
+  StatusCode outcome = StatusCode::SUCCESS;
+  std::string outcomeMessage;
+};
+using FramePtr = std::shared_ptr<Frame>;
+
+}  // namespace mori::io::tcp

@@ -1,0 +1,33 @@
+"""mori_core: portable GPU communication for LLM inference.
+
+Areas (imported lazily so ``import mori_core`` stays cheap and torch-free):
+
+* :mod:`mori_core.io`    — MORI-IO transfer engine (TCP, intra-node GPU, RDMA backends)
+* :mod:`mori_core.shmem` — symmetric memory across the GPUs of a node
+* :mod:`mori_core.ops`   — MORI-EP dispatch/combine
+* :mod:`mori_core.bench` — benchmark CLI (``python -m mori_core.bench``)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["io", "shmem", "ops", "bench", "build_info", "__version__"]
+
+_SUBMODULES = {"io", "shmem", "ops", "bench"}
+
+
+def build_info() -> dict[str, Any]:
+    """Describe this build: ``gpu`` (bool), ``gpu_lang`` ("CUDA", "HIP" or ""),
+    ``cuda_arch`` and which optional areas (``shmem``, ``ops``) were compiled."""
+    from mori_core import _C
+
+    return dict(_C.build_info())
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"mori_core.{name}")
+    raise AttributeError(f"module 'mori_core' has no attribute {name!r}")
