@@ -85,7 +85,7 @@ void RegisterIo(py::module_& m) {
              c.sockBufBytes = sockBufBytes;
              return c;
            }),
-           py::arg("num_connections") = 4, py::arg("chunk_bytes") = 4ull << 20, py::arg("min_chunk_bytes") = 128ull << 10,
+           py::arg("num_connections") = 4, py::arg("chunk_bytes") = 4ull << 20, py::arg("min_chunk_bytes") = 1ull << 20,
            py::arg("op_timeout_ms") = 10000, py::arg("connect_timeout_ms") = 2000, py::arg("staging_bytes") = 4ull << 20,
            py::arg("enable_notification") = true, py::arg("sock_buf_bytes") = 4 << 20)
       .def_readwrite("num_connections", &TcpBackendConfig::numConnections)

@@ -84,7 +84,7 @@ struct BackendConfig {
 struct TcpBackendConfig : BackendConfig {
   int numConnections = 4;              // sockets per remote engine
   uint64_t chunkBytes = 4ull << 20;    // largest frame payload; large transfers are split
-  uint64_t minChunkBytes = 128ull << 10;  // below this a transfer is not split across sockets
+  uint64_t minChunkBytes = 1ull << 20;  // below this a transfer is not split across sockets
   int64_t opTimeoutMs = 10000;         // no progress for this long on a busy socket -> fail
   int64_t connectTimeoutMs = 2000;
   uint64_t stagingBytes = 4ull << 20;  // pinned host staging per socket for GPU memory

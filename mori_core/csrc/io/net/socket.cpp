@@ -78,37 +78,42 @@ bool Socket::SendAll(const void* data, size_t n, int64_t timeoutMs, std::string*
   return SendV(&iov, 1, timeoutMs, err);
 }
 
-bool Socket::SendV(const struct iovec* iovIn, size_t count, int64_t timeoutMs, std::string* err) {
-  std::vector<struct iovec> iov(iovIn, iovIn + count);
-  size_t idx = 0;
-  while (idx < iov.size()) {
-    if (iov[idx].iov_len == 0) {
-      ++idx;
+int Socket::SendVNow(std::vector<struct iovec>& iov, size_t* idx, std::string* err) {
+  while (*idx < iov.size()) {
+    if (iov[*idx].iov_len == 0) {
+      ++*idx;
       continue;
     }
     struct msghdr msg{};
-    msg.msg_iov = &iov[idx];
-    msg.msg_iovlen = std::min<size_t>(iov.size() - idx, IOV_MAX);
+    msg.msg_iov = &iov[*idx];
+    msg.msg_iovlen = std::min<size_t>(iov.size() - *idx, IOV_MAX);
     ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!WaitFor(POLLOUT, timeoutMs, err, nullptr)) return false;
-        continue;
-      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
       if (err) *err = ErrnoText("send");
-      return false;
+      return -1;
     }
     size_t left = static_cast<size_t>(w);
-    while (left > 0 && idx < iov.size()) {
-      size_t take = std::min(left, iov[idx].iov_len);
-      iov[idx].iov_base = static_cast<uint8_t*>(iov[idx].iov_base) + take;
-      iov[idx].iov_len -= take;
+    while (left > 0 && *idx < iov.size()) {
+      size_t take = std::min(left, iov[*idx].iov_len);
+      iov[*idx].iov_base = static_cast<uint8_t*>(iov[*idx].iov_base) + take;
+      iov[*idx].iov_len -= take;
       left -= take;
-      if (iov[idx].iov_len == 0) ++idx;
+      if (iov[*idx].iov_len == 0) ++*idx;
     }
   }
-  return true;
+  return 1;
+}
+
+bool Socket::SendV(const struct iovec* iovIn, size_t count, int64_t timeoutMs, std::string* err) {
+  std::vector<struct iovec> iov(iovIn, iovIn + count);
+  size_t idx = 0;
+  while (true) {
+    int r = SendVNow(iov, &idx, err);
+    if (r != 0) return r == 1;
+    if (!WaitFor(POLLOUT, timeoutMs, err, nullptr)) return false;
+  }
 }
 
 bool Socket::RecvAll(void* data, size_t n, int64_t timeoutMs, std::string* err, const std::atomic<bool>* stop) {

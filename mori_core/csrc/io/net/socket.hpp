@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mori::io::net {
 
@@ -34,6 +35,10 @@ class Socket {
   // progress (< 0 = no bound). `stop`, when given, is checked between waits.
   bool SendAll(const void* data, size_t n, int64_t timeoutMs, std::string* err);
   bool SendV(const struct iovec* iov, size_t count, int64_t timeoutMs, std::string* err);
+  // Sends as much of iov[*idx...] as the socket takes without blocking and
+  // advances *idx / the iovecs in place. Returns 1 when everything went out,
+  // 0 when the socket is full (call again, e.g. with SendV), -1 on error.
+  int SendVNow(std::vector<struct iovec>& iov, size_t* idx, std::string* err);
   bool RecvAll(void* data, size_t n, int64_t timeoutMs, std::string* err,
                const std::atomic<bool>* stop = nullptr);
   bool RecvV(const struct iovec* iov, size_t count, int64_t timeoutMs, std::string* err);

@@ -48,7 +48,6 @@ void ServeDataChannel(EngineContext& ctx, const TcpBackendConfig& cfg, net::Sock
       MORI_WARN(who << ": dropping connection, malformed request (" << bad << ")");
       return;
     }
-    MORI_DEBUG(who << ": request " << h.requestId << " op " << int(h.op) << " bytes " << h.totalBytes);
     table.resize(h.numSegments);
     if (!sock.RecvAll(table.data(), table.size() * sizeof(WireSegment), t, &err)) break;
     uint64_t sum = 0;

@@ -11,6 +11,9 @@
 namespace mori::io::tcp {
 namespace {
 
+// Frames up to this size are sent from the submitting thread when the socket is idle.
+constexpr uint64_t kInlineSendBytes = 1ull << 20;
+
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -80,17 +83,41 @@ void Connection::Resolve(const FramePtr& f, StatusCode code, const std::string& 
 
 void Connection::Enqueue(FramePtr frame) {
   outstanding_.fetch_add(1);
+  const TcpTransfer& x = *frame->xfer;
+  // Small CPU frames go out from the caller's thread when the socket is idle.
+  const bool eligible = frame->bytes <= kInlineSendBytes &&
+                        (frame->isRead || x.localLoc != MemoryLocationType::GPU);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_) {
+    if (broken_) {
+      frame->resolved = true;
+    } else if (!(eligible && dialed_ && !senderBusy_ && !handoff_ && queue_.empty())) {
       if (outstanding_.load() == 1) lastProgressMs_ = NowMs();
       queue_.push_back(std::move(frame));
       cv_.notify_one();
       return;
+    } else {
+      if (outstanding_.load() == 1) lastProgressMs_ = NowMs();
+      senderBusy_ = true;
+      frame->requestId = nextRequestId_++;
+      frame->busy++;
+      inflight_.push_back(frame);  // before sending: the reply may beat sendmsg's return
     }
-    frame->resolved = true;
   }
-  Resolve(frame, StatusCode::ERR_BAD_STATE, failReason_);
+  if (frame->resolved) {
+    Resolve(frame, StatusCode::ERR_BAD_STATE, failReason_);
+    return;
+  }
+  Prepare(*frame);
+  std::string err;
+  int r = sock_.SendVNow(frame->iov, &frame->iovIdx, &err);
+  if (r == 0) {  // socket full: the sender thread finishes this frame, token included
+    std::lock_guard<std::mutex> lock(mu_);
+    handoff_ = std::move(frame);
+    cv_.notify_one();
+    return;
+  }
+  AfterSend(frame, r == 1, err);
 }
 
 void Connection::Fail(const std::string& reason) {
@@ -101,7 +128,14 @@ void Connection::Fail(const std::string& reason) {
       broken_ = true;
       failReason_ = "TCP connection " + std::to_string(index_) + " to engine '" + target_.remote.key + "' (" +
                     target_.remote.host + ":" + std::to_string(target_.remote.port) + ") failed: " + reason;
-      if (!stop_) MORI_WARN(failReason_);
+      bool busy = !queue_.empty() || !inflight_.empty();
+      if (stop_) {
+        MORI_DEBUG(failReason_);
+      } else if (busy) {
+        MORI_WARN(failReason_);
+      } else {
+        MORI_INFO(failReason_);
+      }
       sock_.Shutdown();
     }
     for (auto* q : {&queue_, &inflight_})
@@ -129,6 +163,7 @@ void Connection::SendLoop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_) return;
     sock_ = std::move(s);
+    dialed_ = true;
   } catch (const std::exception& e) {
     Fail(e.what());
     return;
@@ -136,43 +171,57 @@ void Connection::SendLoop() {
   receiver_ = std::thread([this] { RecvLoop(); });
   while (true) {
     FramePtr f;
+    bool resumed = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return broken_ || !queue_.empty(); });
-      if (broken_) return;
-      f = std::move(queue_.front());
-      queue_.pop_front();
-      f->requestId = nextRequestId_++;
-      f->busy++;
-      inflight_.push_back(f);  // before sending: the reply may beat sendmsg's return
-    }
-    std::string err;
-    MORI_DEBUG("conn " << index_ << " sending request " << f->requestId << " (" << f->bytes << " bytes)");
-    bool ok = SendFrame(*f, &err);
-    MORI_DEBUG("conn " << index_ << " sent request " << f->requestId << " ok=" << ok);
-    bool resolveHere = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      f->busy--;
-      // The reply may already be in (it can beat sendmsg's return); if so, or
-      // if the connection broke meanwhile, this thread finishes the frame.
-      if (!f->resolved && f->busy == 0 && (f->hasOutcome || broken_)) {
-        f->resolved = true;
-        resolveHere = true;
+      cv_.wait(lock, [&] { return broken_ || handoff_ || (!queue_.empty() && !senderBusy_); });
+      if (handoff_) {
+        f = std::move(handoff_);
+        resumed = true;  // the send token came with it
+      } else if (broken_) {
+        return;
+      } else {
+        f = std::move(queue_.front());
+        queue_.pop_front();
+        senderBusy_ = true;
+        f->requestId = nextRequestId_++;
+        f->busy++;
+        inflight_.push_back(f);  // before sending: the reply may beat sendmsg's return
       }
     }
-    if (ok) lastProgressMs_ = NowMs();
-    if (!ok) Fail(err);
-    if (resolveHere) {
-      if (f->hasOutcome) Resolve(f, f->outcome, f->outcomeMessage);
-      else Resolve(f, StatusCode::ERR_BAD_STATE, failReason_);
-    }
+    if (!resumed) Prepare(*f);
+    std::string err;
+    bool ok = !broken_ && SendRest(*f, &err);
+    if (!ok && err.empty()) err = "connection closed";
+    AfterSend(f, ok, err);
     if (!ok) return;
   }
 }
 
-bool Connection::SendFrame(Frame& f, std::string* err) {
-  RequestHeader h{};
+void Connection::AfterSend(const FramePtr& f, bool ok, const std::string& err) {
+  bool resolveHere = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    senderBusy_ = false;
+    f->busy--;
+    // The reply may already be in (it can beat sendmsg's return); if so, or
+    // if the connection broke meanwhile, this thread finishes the frame.
+    if (!f->resolved && f->busy == 0 && (f->hasOutcome || broken_ || !ok)) {
+      f->resolved = true;
+      resolveHere = true;
+    }
+    if (!queue_.empty()) cv_.notify_one();
+  }
+  if (ok) lastProgressMs_ = NowMs();
+  if (!ok) Fail(err);
+  if (resolveHere) {
+    if (f->hasOutcome) Resolve(f, f->outcome, f->outcomeMessage);
+    else Resolve(f, StatusCode::ERR_BAD_STATE, failReason_);
+  }
+}
+
+void Connection::Prepare(Frame& f) const {
+  RequestHeader& h = f.header;
   h.magic = kFrameMagic;
   h.op = static_cast<uint8_t>(f.isRead ? Op::Read : Op::Write);
   h.flags = f.notifyTotal ? kFlagNotify : 0;
@@ -182,22 +231,26 @@ bool Connection::SendFrame(Frame& f, std::string* err) {
   h.uid = f.uid;
   h.totalBytes = f.bytes;
   h.notifyTotal = f.notifyTotal;
-  std::vector<WireSegment> table(f.segments.size());
-  for (size_t i = 0; i < f.segments.size(); ++i) table[i] = {f.segments[i].remoteOffset, f.segments[i].size};
-
-  const int64_t t = target_.config.opTimeoutMs;
+  f.table.resize(f.segments.size());
+  for (size_t i = 0; i < f.segments.size(); ++i) f.table[i] = {f.segments[i].remoteOffset, f.segments[i].size};
   const TcpTransfer& x = *f.xfer;
-  std::vector<struct iovec> iov;
-  iov.reserve(2 + (f.isRead ? 0 : f.segments.size()));
-  iov.push_back({&h, sizeof(h)});
-  iov.push_back({table.data(), table.size() * sizeof(WireSegment)});
-  if (f.isRead || x.localLoc == MemoryLocationType::GPU) {
-    if (!sock_.SendV(iov.data(), iov.size(), t, err)) return false;
-    if (f.isRead) return true;
+  f.iov.clear();
+  f.iov.reserve(2 + (f.isRead ? 0 : f.segments.size()));
+  f.iov.push_back({&f.header, sizeof(f.header)});
+  f.iov.push_back({f.table.data(), f.table.size() * sizeof(WireSegment)});
+  if (!f.isRead && x.localLoc != MemoryLocationType::GPU)
+    for (const auto& s : f.segments) f.iov.push_back({x.localBase + s.localOffset, s.size});
+  f.iovIdx = 0;
+}
+
+bool Connection::SendRest(Frame& f, std::string* err) {
+  const int64_t t = target_.config.opTimeoutMs;
+  if (f.iovIdx < f.iov.size() && !sock_.SendV(f.iov.data() + f.iovIdx, f.iov.size() - f.iovIdx, t, err)) return false;
+  f.iovIdx = f.iov.size();
+  const TcpTransfer& x = *f.xfer;
+  if (!f.isRead && x.localLoc == MemoryLocationType::GPU)
     return txStager_.SendFromDevice(sock_, x.localDevice, x.localBase, LocalRanges(f.segments), t, err);
-  }
-  for (const auto& s : f.segments) iov.push_back({x.localBase + s.localOffset, s.size});
-  return sock_.SendV(iov.data(), iov.size(), t, err);
+  return true;
 }
 
 bool Connection::WaitForReply(std::string* err) {
@@ -230,7 +283,6 @@ bool Connection::ReceiveReply(std::string* err) {
     *err = "malformed reply from peer";
     return false;
   }
-  MORI_DEBUG("conn " << index_ << " reply for request " << h.requestId << " kind " << int(h.kind));
   FramePtr f;
   {
     std::lock_guard<std::mutex> lock(mu_);

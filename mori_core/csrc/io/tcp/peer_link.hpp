@@ -44,7 +44,12 @@ class Connection {
  private:
   void SendLoop();
   void RecvLoop();
-  bool SendFrame(Frame& f, std::string* err);
+  // Builds the frame's header, segment table and iovecs (data too for CPU writes).
+  void Prepare(Frame& f) const;
+  // Sends what is left of a prepared frame, blocking with the op timeout.
+  bool SendRest(Frame& f, std::string* err);
+  // Bookkeeping after this thread stopped sending `f`; releases the send token.
+  void AfterSend(const FramePtr& f, bool ok, const std::string& err);
   void Resolve(const FramePtr& f, StatusCode code, const std::string& message);
   bool WaitForReply(std::string* err);
   bool ReceiveReply(std::string* err);
@@ -64,6 +69,12 @@ class Connection {
   std::atomic<size_t> outstanding_{0};
   std::atomic<int64_t> lastProgressMs_{0};
   uint64_t nextRequestId_ = 1;
+  // One thread at a time writes to the socket: the holder of this token.
+  // A caller whose frame fits sends it itself (no thread wake-up); if the
+  // socket fills up, the rest is handed to the sender thread via handoff_.
+  bool senderBusy_ = false;
+  bool dialed_ = false;
+  FramePtr handoff_;
   std::string failReason_;
   DeviceStager txStager_, rxStager_;
 };

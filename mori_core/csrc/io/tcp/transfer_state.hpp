@@ -13,6 +13,10 @@
 #include "io/common.hpp"
 #include "io/memory_table.hpp"
 #include "io/segments.hpp"
+#include "io/tcp/wire.hpp"
+
+#include <sys/uio.h>
+#include <vector>
 
 namespace mori::io::tcp {
 
@@ -61,6 +65,12 @@ struct Frame {
   SegmentList segments;
   uint64_t bytes = 0;
   uint64_t requestId = 0;  // set by the connection
+  // Wire image, built once by the connection; iovIdx tracks a partial send
+  // so the sender thread can finish a frame the caller started.
+  RequestHeader header{};
+  std::vector<WireSegment> table;
+  std::vector<struct iovec> iov;
+  size_t iovIdx = 0;
   // Guarded by the owning connection's mutex: a frame whose bytes a socket
   // thread is moving right now is resolved by that thread, never under it.
   int busy = 0;
