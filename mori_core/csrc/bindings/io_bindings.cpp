@@ -132,15 +132,18 @@ void RegisterIo(py::module_& m) {
       .def_readwrite("max_msg_sge", &RdmaBackendConfig::maxMsgSge);
 
   py::class_<XgmiBackendConfig, BackendConfig>(m, "XgmiBackendConfig", "Configuration of BackendType.XGMI.")
-      .def(py::init([](int streams, int events) {
+      .def(py::init([](int streams, int events, bool notify) {
              XgmiBackendConfig c;
              c.numStreams = streams;
              c.numEvents = events;
+             c.enableNotification = notify;
              return c;
            }),
-           py::arg("num_streams") = 64, py::arg("num_events") = 64)
+           py::arg("num_streams") = 64, py::arg("num_events") = 64, py::kw_only(),
+           py::arg("enable_notification") = true)
       .def_readwrite("num_streams", &XgmiBackendConfig::numStreams)
-      .def_readwrite("num_events", &XgmiBackendConfig::numEvents);
+      .def_readwrite("num_events", &XgmiBackendConfig::numEvents)
+      .def_readwrite("enable_notification", &XgmiBackendConfig::enableNotification);
 
   py::class_<EngineDesc>(m, "EngineDesc", "Identity and address of an IO engine; exchange it with pack()/unpack().")
       .def_readonly("key", &EngineDesc::key)

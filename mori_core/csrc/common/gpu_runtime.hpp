@@ -70,6 +70,9 @@ using gpuPointerAttributes = hipPointerAttribute_t;
 #define gpuMemoryTypeDevice hipMemoryTypeDevice
 #define gpuMemoryTypeHost hipMemoryTypeHost
 #define gpuLaunchKernel hipLaunchKernel
+#define gpuEventBlockingSync hipEventBlockingSync
+#define gpuDeviceGetByPCIBusId hipDeviceGetByPCIBusId
+#define gpuErrorPeerAccessAlreadyEnabled hipErrorPeerAccessAlreadyEnabled
 #else
 #include <cuda_runtime.h>
 #define MORI_GPU_CUDA 1
@@ -126,6 +129,9 @@ using gpuPointerAttributes = cudaPointerAttributes;
 #define gpuMemoryTypeHost cudaMemoryTypeHost
 #define gpuLaunchKernel cudaLaunchKernel
 #define gpuPointerGetAttributes cudaPointerGetAttributes
+#define gpuEventBlockingSync cudaEventBlockingSync
+#define gpuDeviceGetByPCIBusId cudaDeviceGetByPCIBusId
+#define gpuErrorPeerAccessAlreadyEnabled cudaErrorPeerAccessAlreadyEnabled
 #endif
 #endif  // MORI_WITH_GPU
 

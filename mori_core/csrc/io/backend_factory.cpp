@@ -1,7 +1,11 @@
 #include "io/backend_factory.hpp"
 
 #include "common/error.hpp"
+#include "io/rdma/rdma_backend.hpp"
 #include "io/tcp/tcp_backend.hpp"
+#if MORI_WITH_GPU
+#include "io/p2p/xgmi_backend.hpp"
+#endif
 
 namespace mori::io {
 namespace {
@@ -20,12 +24,16 @@ std::unique_ptr<Backend> MakeBackend(BackendType type, EngineContext& ctx, const
   switch (type) {
     case BackendType::TCP:
       return std::make_unique<tcp::TcpBackend>(ctx, ConfigOrDefault<TcpBackendConfig>(config, "TcpBackendConfig"));
-    case BackendType::XGMI:
-      (void)ConfigOrDefault<XgmiBackendConfig>(config, "XgmiBackendConfig");
-      throw BadState("the XGMI (intra-node GPU) backend is not available in this build");
+    case BackendType::XGMI: {
+      auto c = ConfigOrDefault<XgmiBackendConfig>(config, "XgmiBackendConfig");
+#if MORI_WITH_GPU
+      return std::make_unique<p2p::XgmiBackend>(ctx, c);
+#else
+      throw BadState("the XGMI (intra-node GPU) backend needs a CUDA/HIP build of mori_core (this build is CPU-only)");
+#endif
+    }
     case BackendType::RDMA:
-      (void)ConfigOrDefault<RdmaBackendConfig>(config, "RdmaBackendConfig");
-      throw BadState("the RDMA backend is not available in this build");
+      return std::make_unique<rdma::RdmaBackend>(ctx, ConfigOrDefault<RdmaBackendConfig>(config, "RdmaBackendConfig"));
     default:
       throw InvalidArgument(std::string("create_backend: backend type ") + ToString(type) + " is not supported");
   }

@@ -186,13 +186,20 @@ StatusCode TransferStatus::WaitFor(int64_t timeoutMs) {
     hasHook = static_cast<bool>(progressHook_);
   }
   if (hasHook) {
-    // Lazily-completing backend: poll its hook with a short back-off.
-    auto sleep = std::chrono::microseconds(1);
+    // Lazily-completing backend (GPU events): poll its hook. Spin for the
+    // first few tens of microseconds — small copies finish in that time and a
+    // sleep would dominate their latency — then back off, sleeping.
+    const auto spinUntil = Clock::now() + std::chrono::microseconds(50);
+    auto sleep = std::chrono::microseconds(2);
     while (true) {
       StatusCode c = Code();
       if (IsTerminal(c) || timeoutMs == 0 || Clock::now() >= deadline) return c;
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, std::chrono::microseconds(200));
+      if (Clock::now() < spinUntil) continue;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, sleep, [&] { return IsTerminal(static_cast<StatusCode>(code_.load())); });
+      }
+      sleep = std::min(sleep * 2, std::chrono::microseconds(100));
     }
   }
   std::unique_lock<std::mutex> lock(mu_);

@@ -73,7 +73,10 @@ struct IOEngineConfig {
   // Shared secret for the control plane (challenge-response HMAC-SHA256).
   // Empty = take MORI_IO_AUTH_SECRET; still empty = no authentication.
   std::string authSecret;
-  // Route same-node GPU<->GPU transfers to XGMI automatically when that backend exists.
+  // In GPU builds with a visible GPU, creating a network backend (TCP/RDMA)
+  // also creates the XGMI backend, and same-node GPU pairs route to it.
+  // False (or MORI_IO_DISABLE_AUTO_XGMI=1) keeps XGMI out of routing unless
+  // it was created explicitly.
   bool enableAutoXgmi = true;
 };
 
@@ -111,6 +114,7 @@ struct RdmaBackendConfig : BackendConfig {
 struct XgmiBackendConfig : BackendConfig {
   int numStreams = 64;
   int numEvents = 64;
+  bool enableNotification = true;  // tell the target when a transfer landed (MORI's XGMI never does)
 };
 
 // ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "common/logging.hpp"
 #include "io/backend_factory.hpp"
 #include "io/net/socket.hpp"
+#include "io/notify_channel.hpp"
 
 namespace mori::io {
 namespace {
@@ -49,9 +50,11 @@ IOEngine::IOEngine(const std::string& key, const IOEngineConfig& config) {
   ctx_.desc.host = config.host.empty() || config.host == "0.0.0.0" ? net::DefaultAdvertiseAddress() : config.host;
   ctx_.desc.port = 0;
   ctx_.desc.pid = static_cast<int32_t>(getpid());
+  LocalEngineDirectory::Get().Add(key, &ctx_);
 }
 
 IOEngine::~IOEngine() {
+  LocalEngineDirectory::Get().Remove(ctx_.key, &ctx_);
   {
     std::lock_guard<std::mutex> lock(ctx_.mu);
     if (ctx_.listener) ctx_.listener->Stop();  // no inbound request touches memory after this
@@ -75,6 +78,19 @@ void IOEngine::CreateBackend(BackendType type, const BackendConfig* config) {
     backends_[type] = std::move(b);
   }
   InvalidateRoutes();
+  if ((type == BackendType::TCP || type == BackendType::RDMA) && AutoXgmiWanted() && !HasBackend(BackendType::XGMI)) {
+    try {
+      CreateBackend(BackendType::XGMI, nullptr);
+      MORI_INFO("engine '" << ctx_.key << "': XGMI backend created automatically for same-node GPU transfers");
+    } catch (const std::exception& e) {
+      MORI_INFO("engine '" << ctx_.key << "': no automatic XGMI backend (" << e.what() << ")");
+    }
+  }
+}
+
+bool IOEngine::AutoXgmiWanted() const {
+  return kBuiltWithGpu && ctx_.config.enableAutoXgmi && !env::GetBool("MORI_IO_DISABLE_AUTO_XGMI", false) &&
+         GpuDeviceCount() > 0;
 }
 
 void IOEngine::RemoveBackend(BackendType type) {
@@ -203,7 +219,6 @@ IOEngine::Route IOEngine::Resolve(const MemoryDesc& local, const MemoryDesc& rem
   }
   auto region = ctx_.memory.Find(local.id);
   for (BackendType t : kPreference) {
-    if (t == BackendType::XGMI && !ctx_.config.enableAutoXgmi) continue;
     auto it = backends_.find(t);
     if (it != backends_.end() && region && it->second->CanHandle(region->desc, remote)) {
       r.backend = it->second.get();

@@ -102,6 +102,7 @@ class IOEngine {
                    bool isRead);
   void InvalidateRoutes();
   static StatusPtr Finished(StatusCode code, const std::string& message);
+  bool AutoXgmiWanted() const;
 
   EngineContext ctx_;
   std::atomic<TransferUniqueId> nextUid_{1};

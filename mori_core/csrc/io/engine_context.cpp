@@ -1,6 +1,7 @@
 #include "io/engine_context.hpp"
 
 #include "common/env.hpp"
+#include "io/notify_channel.hpp"
 
 namespace mori::io {
 
@@ -34,6 +35,11 @@ net::Listener& EngineContext::EnsureListener() {
   std::lock_guard<std::mutex> lock(mu);
   if (!listener) {
     listener = std::make_unique<net::Listener>(config.host, config.port, Handshake());
+    EngineContext* self = this;
+    listener->SetHandler(net::Channel::Notify,
+                         [self](net::Socket& s, const net::PeerHello& p, const std::atomic<bool>& stop) {
+                           ServeNotifyChannel(*self, s, p, stop);
+                         });
     desc.port = listener->port();
     config.port = listener->port();
   }

@@ -1,0 +1,227 @@
+#include "io/p2p/xgmi_backend.hpp"
+
+#include "common/env.hpp"
+#include "common/error.hpp"
+#include "common/logging.hpp"
+#include "io/p2p/ipc_cache.hpp"
+#include "io/p2p/scatter_copy.hpp"
+
+namespace mori::io::p2p {
+namespace {
+
+class XgmiSession : public BackendSession {
+ public:
+  XgmiSession(XgmiBackend& backend, XgmiBackend::Route route, std::shared_ptr<LocalRegion> region)
+      : backend_(backend), route_(std::move(route)), region_(std::move(region)) {}
+
+  void Submit(SegmentList segments, TransferUniqueId uid, bool isRead, const StatusPtr& status) override {
+    RegionPin pin(region_);
+    if (!pin) {
+      status->Update(StatusCode::ERR_NOT_FOUND, "local memory was deregistered");
+      return;
+    }
+    backend_.Launch(route_, segments, isRead, uid, status, std::move(pin));
+  }
+  bool Alive() const override { return true; }
+
+ private:
+  XgmiBackend& backend_;
+  XgmiBackend::Route route_;
+  std::shared_ptr<LocalRegion> region_;
+};
+
+}  // namespace
+
+XgmiTuning XgmiTuning::FromEnv() {
+  XgmiTuning t;
+  t.kernelMinSegments = static_cast<int>(env::GetInt("MORI_IO_XGMI_KERNEL_MIN_SEGMENTS", t.kernelMinSegments));
+  t.kernelMaxAvgBytes = env::GetSize("MORI_IO_XGMI_KERNEL_MAX_AVG_BYTES", t.kernelMaxAvgBytes);
+  return t;
+}
+
+XgmiBackend::XgmiBackend(EngineContext& ctx, const XgmiBackendConfig& config)
+    : ctx_(ctx), config_(config), tuning_(XgmiTuning::FromEnv()) {
+  if (config_.numStreams < 1 || config_.numStreams > 1024)
+    throw InvalidArgument("XgmiBackendConfig.num_streams=" + std::to_string(config_.numStreams) +
+                          " must be in [1, 1024]");
+  if (config_.numEvents < 1 || config_.numEvents > 65536)
+    throw InvalidArgument("XgmiBackendConfig.num_events=" + std::to_string(config_.numEvents) +
+                          " must be in [1, 65536]");
+  if (GpuDeviceCount() == 0) throw BadState("XGMI backend: no GPU is visible to this process");
+  pool_ = std::make_shared<StreamPool>(config_.numStreams, config_.numEvents);
+  notifier_ = std::make_unique<NotificationSender>(ctx_);
+  waiter_ = std::make_unique<CompletionWaiter>(notifier_.get());
+}
+
+XgmiBackend::~XgmiBackend() {
+  waiter_.reset();  // waits for in-flight copies, sends their notifications
+  notifier_.reset();
+  IpcImportCache::Get().Release(this, "");
+}
+
+void XgmiBackend::DeregisterRemoteEngine(const EngineDesc& desc) {
+  IpcImportCache::Get().Release(this, desc.key);
+  notifier_->Forget(desc.key);
+}
+
+void XgmiBackend::RegisterMemory(MemoryDesc& desc) {
+  if (desc.loc != MemoryLocationType::GPU) return;
+  try {
+    ExportIpc(desc);
+  } catch (const std::exception& e) {
+    // Still usable through other backends; peers will not route it to XGMI.
+    MORI_WARN("XGMI: memory at 0x" << std::hex << desc.data << std::dec << " cannot be shared over IPC ("
+                                   << e.what() << "); transfers of it use another backend");
+  }
+}
+
+int XgmiBackend::LocalOrdinal(const std::string& busId) const {
+  if (busId.empty()) return -1;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ordinals_.find(busId);
+  if (it != ordinals_.end()) return it->second;
+  int dev = -1;
+  if (gpuDeviceGetByPCIBusId(&dev, busId.c_str()) != gpuSuccess) {
+    (void)gpuGetLastError();
+    dev = -1;
+  }
+  ordinals_[busId] = dev;
+  return dev;
+}
+
+bool XgmiBackend::PeerCapable(int a, int b) const {
+  if (a == b) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peerCapable_.find({a, b});
+  if (it != peerCapable_.end()) return it->second;
+  int can = 0;
+  if (gpuDeviceCanAccessPeer(&can, a, b) != gpuSuccess) {
+    (void)gpuGetLastError();
+    can = 0;
+  }
+  peerCapable_[{a, b}] = can != 0;
+  return can != 0;
+}
+
+void XgmiBackend::EnablePeer(int a, int b) {
+  if (a == b) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!peerEnabled_.insert({a, b}).second) return;
+  DeviceGuard g(a);
+  gpuError_t e = gpuDeviceEnablePeerAccess(b, 0);
+  if (e != gpuSuccess && e != gpuErrorPeerAccessAlreadyEnabled)
+    MORI_WARN("XGMI: enabling peer access " << a << " -> " << b << " failed: " << gpuGetErrorString(e));
+  (void)gpuGetLastError();
+}
+
+bool XgmiBackend::CanHandle(const MemoryDesc& local, const MemoryDesc& remote) const {
+  EngineDesc target;
+  if (!ctx_.remotes.Get(remote.engineKey, &target) || target.nodeId != ctx_.desc.nodeId) return false;
+  const bool sameProcess = target.pid == ctx_.desc.pid;
+  if (remote.loc == MemoryLocationType::GPU) {
+    int ro = LocalOrdinal(remote.deviceBusId);
+    if (ro < 0 || (!sameProcess && !remote.HasIpcHandle())) return false;
+    if (local.loc == MemoryLocationType::GPU) return PeerCapable(local.deviceId, ro);
+    return local.loc == MemoryLocationType::CPU;
+  }
+  return remote.loc == MemoryLocationType::CPU && sameProcess && local.loc == MemoryLocationType::GPU;
+}
+
+bool XgmiBackend::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* r, StatusCode* code,
+                          std::string* err) {
+  if (!ctx_.remotes.Get(remote.engineKey, &r->target)) {
+    *code = StatusCode::ERR_NOT_FOUND;
+    *err = "remote engine '" + remote.engineKey + "' is not registered";
+    return false;
+  }
+  const bool sameProcess = r->target.pid == ctx_.desc.pid && r->target.nodeId == ctx_.desc.nodeId;
+  r->localPtr = reinterpret_cast<uint8_t*>(local.data);
+  r->kernelOk = local.loc == MemoryLocationType::GPU && remote.loc == MemoryLocationType::GPU;
+  if (remote.loc != MemoryLocationType::GPU) {
+    r->device = local.deviceId;
+    r->remotePtr = reinterpret_cast<uint8_t*>(remote.data);
+    return true;
+  }
+  int ro = LocalOrdinal(remote.deviceBusId);
+  r->device = local.loc == MemoryLocationType::GPU ? local.deviceId : ro;
+  if (sameProcess) {
+    r->remotePtr = reinterpret_cast<uint8_t*>(remote.data);
+    if (r->kernelOk) EnablePeer(r->device, ro);
+    return true;
+  }
+  try {
+    Mapping m = IpcImportCache::Get().Map(remote, r->device, this);
+    if (remote.ipcOffset > m.allocSize || remote.size > m.allocSize - remote.ipcOffset) {
+      *code = StatusCode::ERR_INVALID_ARGS;
+      *err = "descriptor of memory " + std::to_string(remote.id) + " of engine '" + remote.engineKey +
+             "' claims [" + std::to_string(remote.ipcOffset) + ", +" + std::to_string(remote.size) +
+             ") but the exported allocation has " + std::to_string(m.allocSize) + " bytes";
+      return false;
+    }
+    r->remotePtr = m.base + remote.ipcOffset;
+  } catch (const std::exception& e) {
+    *code = StatusCode::ERR_GPU_OP;
+    *err = e.what();
+    return false;
+  }
+  return true;
+}
+
+void XgmiBackend::Launch(const Route& r, const SegmentList& segs, bool isRead, TransferUniqueId uid,
+                         const StatusPtr& status, RegionPin pin) {
+  try {
+    DeviceGuard g(r.device);
+    gpuStream_t stream = pool_->NextStream(r.device);
+    uint8_t* srcBase = isRead ? r.remotePtr : r.localPtr;
+    uint8_t* dstBase = isRead ? r.localPtr : r.remotePtr;
+    const uint64_t total = TotalBytes(segs);
+    const bool useKernel = r.kernelOk && static_cast<int>(segs.size()) >= tuning_.kernelMinSegments &&
+                           total / segs.size() <= tuning_.kernelMaxAvgBytes;
+    if (useKernel) {
+      static thread_local std::vector<CopySeg> copies;
+      copies.clear();
+      for (const auto& s : segs) {
+        uint64_t so = isRead ? s.remoteOffset : s.localOffset, d = isRead ? s.localOffset : s.remoteOffset;
+        copies.push_back({reinterpret_cast<uint64_t>(srcBase + so), reinterpret_cast<uint64_t>(dstBase + d), s.size});
+      }
+      LaunchScatterCopy(copies.data(), copies.size(), stream);
+    } else {
+      for (const auto& s : segs) {
+        uint64_t so = isRead ? s.remoteOffset : s.localOffset, d = isRead ? s.localOffset : s.remoteOffset;
+        MORI_GPU_CHECK(gpuMemcpyAsync(dstBase + d, srcBase + so, s.size, gpuMemcpyDefault, stream));
+      }
+    }
+    gpuEvent_t ev = pool_->AcquireEvent(r.device);
+    MORI_GPU_CHECK(gpuEventRecord(ev, stream));
+    auto c = std::make_shared<GpuCompletion>(pool_, r.device, ev, std::move(pin));
+    status->SetProgressHook([c](TransferStatus& s) { c->Poll(s); });
+    waiter_->Watch(c, status, config_.enableNotification ? &r.target : nullptr, uid);
+  } catch (const std::exception& e) {
+    status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI copy could not be started: ") + e.what());
+  }
+}
+
+void XgmiBackend::Submit(TransferRequest req) {
+  Route r;
+  StatusCode code;
+  std::string err;
+  if (!Resolve(*req.local, *req.remote, &r, &code, &err)) {
+    req.status->Update(code, err);
+    return;
+  }
+  Launch(r, req.segments, req.isRead, req.uid, req.status, std::move(req.localPin));
+}
+
+std::unique_ptr<BackendSession> XgmiBackend::CreateSession(const MemoryDesc& local, const MemoryDesc& remote) {
+  Route r;
+  StatusCode code;
+  std::string err;
+  auto region = ctx_.memory.Find(local.id);
+  if (!region || !Resolve(local, remote, &r, &code, &err)) {
+    if (!err.empty()) MORI_WARN("XGMI session not created: " << err);
+    return nullptr;
+  }
+  return std::make_unique<XgmiSession>(*this, std::move(r), std::move(region));
+}
+
+}  // namespace mori::io::p2p

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Build mori-suite on the GPU machine and run the GPU tests and benchmarks.
+#
+#   bash tools/gpu_check.sh [section ...]      (default: every tools/gpu/*.sh)
+#
+# Each section is tools/gpu/<name>.sh (io, ep, vllm, omni). Logs and result
+# tables go to $OUT (the device tool fetches that folder); a summary table of
+# the sections is printed last. Always runs with NVLink multicast disabled.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export OUT=${OUT:-/tmp/mori_gpu_out}
+mkdir -p "$OUT"
+
+# Runtime wheels the image lacks (pyzmq, msgspec), carried in .whl/.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+t0=$(date +%s)
+if ! MORI_CUDA_ARCH=${MORI_CUDA_ARCH:-90} python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
+  tail -50 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+python3 -c "import mori_core; print('build info', mori_core.build_info())"
+
+sections=("$@")
+if [ ${#sections[@]} -eq 0 ]; then
+  for f in tools/gpu/*.sh; do sections+=("$(basename "$f" .sh)"); done
+fi
+declare -A status seconds
+for s in "${sections[@]}"; do
+  t=$(date +%s)
+  echo "=== section $s ==="
+  if bash "tools/gpu/$s.sh" 2>&1 | tee "$OUT/$s.log"; then status[$s]=ok; else status[$s]=FAILED; fi
+  seconds[$s]=$(( $(date +%s) - t ))
+done
+echo
+echo "| section | result | seconds |"
+echo "|---|---|---|"
+for s in "${sections[@]}"; do echo "| $s | ${status[$s]} | ${seconds[$s]} |"; done
