@@ -109,6 +109,9 @@ def _raw_sink(listener: socket.socket, stop: threading.Event) -> None:
 
 
 def _target_main(pipe, backend: str, mem: str, device: int, nbytes: int, num_connections: int) -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback_later(90, exit=False)  # says where it is stuck if it ever is
     engine = _make_engine("bench-target", backend, num_connections)
     buf = _alloc(nbytes, mem, device)
     md = engine.register_torch_tensor(buf)
@@ -118,6 +121,7 @@ def _target_main(pipe, backend: str, mem: str, device: int, nbytes: int, num_con
     stop = threading.Event()
     threading.Thread(target=_raw_sink, args=(raw, stop), daemon=True).start()
     pipe.send((engine.get_engine_desc().pack(), md.pack(), raw.getsockname()[1]))
+    faulthandler.cancel_dump_traceback_later()
     from mori_core.io import EngineDesc
 
     engine.register_remote_engine(EngineDesc.unpack(pipe.recv()))
@@ -236,8 +240,13 @@ def run(args: argparse.Namespace) -> int:
     proc = ctx.Process(target=_target_main, args=(child, args.backend, mem, args.target_device, nbytes, args.num_connections), daemon=True)
     proc.start()
     try:
-        if not parent.poll(120):
-            raise RuntimeError("target process did not start within 120 s")
+        for _ in range(180):
+            if parent.poll(1) or not proc.is_alive():
+                break
+        if not proc.is_alive():
+            raise RuntimeError(f"target process exited with code {proc.exitcode} before it was ready")
+        if not parent.poll(0):
+            raise RuntimeError("target process did not start within 180 s")
         tdesc, tmem, raw_port = parent.recv()
         engine = _make_engine("bench-initiator", args.backend, args.num_connections)
         parent.send(engine.get_engine_desc().pack())
