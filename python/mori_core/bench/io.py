@@ -239,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_target_main, args=(child, args.backend, mem, args.target_device, nbytes, args.num_connections), daemon=True)
     proc.start()
+    child.close()  # so a dying target shows up as EOF on the pipe
     try:
         for _ in range(180):
             if parent.poll(1) or not proc.is_alive():
