@@ -47,6 +47,27 @@ const char* LevelName(Level l) {
 
 }  // namespace
 
+LogStream& LogStream::operator<<(Hex h) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(h.value));
+  text_ += buf;
+  return *this;
+}
+
+LogStream& LogStream::operator<<(double d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", d);
+  text_ += buf;
+  return *this;
+}
+
+LogStream& LogStream::operator<<(const void* p) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%p", p);
+  text_ += buf;
+  return *this;
+}
+
 Level ParseLevel(const std::string& name) {
   std::string n(name);
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });

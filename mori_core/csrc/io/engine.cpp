@@ -3,7 +3,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <sstream>
 
 #include "common/env.hpp"
 #include "common/error.hpp"
@@ -226,14 +225,12 @@ IOEngine::Route IOEngine::Resolve(const MemoryDesc& local, const MemoryDesc& rem
     }
   }
   if (!r.backend) {
-    std::ostringstream os;
-    os << "no available backend for " << ToString(local.loc) << " -> " << ToString(remote.loc) << " memory between '"
-       << ctx_.key << "' and '" << remote.engineKey << "' (backends:";
-    for (const auto& [t, b] : backends_) os << " " << ToString(t);
-    if (backends_.empty()) os << " none; call create_backend first";
-    os << ")";
+    std::string msg = std::string("no available backend for ") + ToString(local.loc) + " -> " + ToString(remote.loc) +
+                      " memory between '" + ctx_.key + "' and '" + remote.engineKey + "' (backends:";
+    for (const auto& [t, b] : backends_) msg += std::string(" ") + ToString(t);
+    if (backends_.empty()) msg += " none; call create_backend first";
     r.code = StatusCode::ERR_BAD_STATE;
-    r.error = os.str();
+    r.error = msg + ")";
     return r;
   }
   std::unique_lock<std::shared_mutex> wlock(routesMu_);

@@ -70,7 +70,7 @@ void XgmiBackend::RegisterMemory(MemoryDesc& desc) {
     ExportIpc(desc);
   } catch (const std::exception& e) {
     // Still usable through other backends; peers will not route it to XGMI.
-    MORI_WARN("XGMI: memory at 0x" << std::hex << desc.data << std::dec << " cannot be shared over IPC ("
+    MORI_WARN("XGMI: memory at " << log::Hex(desc.data) << " cannot be shared over IPC ("
                                    << e.what() << "); transfers of it use another backend");
   }
 }

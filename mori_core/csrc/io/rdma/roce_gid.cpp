@@ -26,7 +26,11 @@ int Rank(const GidEntry& e) {
     case GidType::RoceV1:
       return 3;
     default:
-      return 4;  // type unknown (no sysfs): usable, least preferred
+      // Type unknown (no sysfs in the container): usable, least preferred,
+      // still IPv4-mapped before global before link-local.
+      if (IsIpv4MappedGid(e.gid)) return 4;
+      if (!IsLinkLocalGid(e.gid)) return 5;
+      return 6;
   }
 }
 

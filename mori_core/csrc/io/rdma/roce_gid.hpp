@@ -4,7 +4,8 @@
 // table holds one entry per (IP address, RoCE version) of the netdev; a wrong
 // choice connects nothing (the peer never answers, the QP times out). We take,
 // in order: RoCE v2 with an IPv4-mapped address, RoCE v2 with a global IPv6
-// address, RoCE v2 link-local, then RoCE v1 — the order NCCL and MORI use.
+// address, RoCE v2 link-local, then RoCE v1 — the order NCCL and MORI use;
+// entries of unknown type (no sysfs) come last, IPv4-mapped first.
 // Types come from sysfs (<root>/class/infiniband/<dev>/ports/<port>/gid_attrs).
 #pragma once
 
