@@ -187,10 +187,12 @@ StatusCode TransferStatus::WaitFor(int64_t timeoutMs) {
   }
   if (hasHook) {
     // Lazily-completing backend (GPU events): poll its hook. Spin for the
-    // first few tens of microseconds — small copies finish in that time and a
-    // sleep would dominate their latency — then back off, sleeping.
-    const auto spinUntil = Clock::now() + std::chrono::microseconds(50);
-    auto sleep = std::chrono::microseconds(2);
+    // first few hundred microseconds — copies of up to ~100 MB finish in that
+    // time and a coarse sleep would dominate their latency — then poll every
+    // 20 us, sleeping on the condition variable (a completion thread may also
+    // wake us).
+    const auto spinUntil = Clock::now() + std::chrono::microseconds(300);
+    auto sleep = std::chrono::microseconds(5);
     while (true) {
       StatusCode c = Code();
       if (IsTerminal(c) || timeoutMs == 0 || Clock::now() >= deadline) return c;
@@ -199,7 +201,7 @@ StatusCode TransferStatus::WaitFor(int64_t timeoutMs) {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait_for(lock, sleep, [&] { return IsTerminal(static_cast<StatusCode>(code_.load())); });
       }
-      sleep = std::min(sleep * 2, std::chrono::microseconds(100));
+      sleep = std::min(sleep * 2, std::chrono::microseconds(20));
     }
   }
   std::unique_lock<std::mutex> lock(mu_);

@@ -104,9 +104,11 @@ void NotificationSender::Loop() {
     for (auto& [k, v] : forget) conns_.erase(k);
     const EngineDesc& t = item.target;
     if (t.port == 0 || t.host.empty()) {
-      MORI_WARN("cannot notify engine '" << t.key << "' of transfer " << item.uid
-                                         << ": it has no listener (create a TCP or RDMA backend there, or use the "
-                                            "same process)");
+      if (!warnedNoListener_[t.key])  // once per target: it will not change
+        MORI_WARN("cannot notify engine '" << t.key << "' of transfers (first: " << item.uid
+                                           << "): it has no listener (create a TCP or RDMA backend there, or use "
+                                              "the same process)");
+      warnedNoListener_[t.key] = true;
       continue;
     }
     NotifyFrame f{kNotifyMagic, 1, item.uid};

@@ -60,6 +60,7 @@ class NotificationSender {
   std::deque<Item> queue_;
   std::unordered_map<std::string, net::Socket> conns_;  // only touched by the thread
   std::unordered_map<std::string, bool> forget_;
+  std::unordered_map<std::string, bool> warnedNoListener_;  // only touched by the thread
   bool stop_ = false;
   std::thread thread_;
 };

@@ -70,14 +70,15 @@ def _cuda_ok() -> bool:
 
 
 def _make_engine(key: str, backend: str, num_connections: int):
-    from mori_core.io import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig
+    from mori_core.io import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig, XgmiBackendConfig
 
     # A TCP measurement must stay on TCP even for GPU memory on one node.
     engine = IOEngine(key, IOEngineConfig(host="127.0.0.1", port=0, enable_auto_xgmi=backend == "xgmi"))
     if backend == "tcp":
         engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=num_connections))
     else:
-        engine.create_backend(BackendType.XGMI)
+        # Like MORI's benchmark: no target notifications in the timed loop.
+        engine.create_backend(BackendType.XGMI, XgmiBackendConfig(enable_notification=False))
     return engine
 
 

@@ -22,7 +22,7 @@ constexpr int kLargeBatch = 160;
 #else
 constexpr int kLargeBatch = 1280;
 #endif
-constexpr int kThreads = 512;
+constexpr int kThreads = 256;  // one 16 KiB piece = 4 x 16-byte vectors per thread
 
 template <int N>
 struct ScatterArgs {

@@ -17,7 +17,7 @@ struct CopySeg {
 };
 
 // Large segments are cut into pieces of this size so that every SM gets work.
-constexpr uint64_t kScatterPieceBytes = 64 << 10;
+constexpr uint64_t kScatterPieceBytes = 16 << 10;
 
 // Enqueues copies of `segs` on `stream` (device current). Throws GpuError.
 void LaunchScatterCopy(const CopySeg* segs, size_t count, gpuStream_t stream);

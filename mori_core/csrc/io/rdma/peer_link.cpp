@@ -188,6 +188,7 @@ GroupPtr PeerLink::Group(const NicPtr& nic, const std::string& remoteNic, uint32
     if (it != groups_.end() && usable(it->second)) return it->second;
   }
   std::lock_guard<std::mutex> connect(connectMu_);
+  GroupPtr stale;  // destroyed outside mu_: its release hook takes mu_
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = groups_.find(key);
@@ -196,10 +197,12 @@ GroupPtr PeerLink::Group(const NicPtr& nic, const std::string& remoteNic, uint32
       MORI_INFO("RDMA: rebuilding the connection to " << where_ << " on " << nic->Id() << ": "
                                                       << (it->second->Healthy() ? "control connection was reset"
                                                                                 : it->second->FirstFailure()));
+      stale = std::move(it->second);
       groups_.erase(it);
       memory_.clear();  // rkeys may be stale as well
     }
   }
+  stale.reset();
   if (closed_) {
     *err = where_ + " was deregistered";
     return nullptr;

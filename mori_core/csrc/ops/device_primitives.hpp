@@ -1,0 +1,154 @@
+// Device-side primitives of the EP kernels, one definition per vendor: warp
+// ballots, system-scope atomics/fences/acquire-release flags, a nanosecond
+// timer for bounded waits, and 16-byte vector loads/stores.
+#pragma once
+
+#include <cstdint>
+
+#include "common/gpu_runtime.hpp"
+
+namespace mori::ep::dev {
+
+#if defined(MORI_GPU_HIP)
+constexpr int kWarpSize = 64;  // gfx9 wave64
+using LaneMask = unsigned long long;
+
+__device__ __forceinline__ int LaneId() { return __lane_id(); }
+__device__ __forceinline__ LaneMask Ballot(bool p) { return __ballot(p); }
+__device__ __forceinline__ int PopCount(LaneMask m) { return __popcll(m); }
+__device__ __forceinline__ LaneMask LanesBelow(int lane) {
+  return lane == 0 ? 0ull : (~0ull >> (64 - lane));
+}
+__device__ __forceinline__ uint32_t WarpOr(uint32_t v) {
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v |= __shfl_xor(v, o);
+  return v;
+}
+// s_memrealtime ticks at a constant 100 MHz on gfx9.
+__device__ __forceinline__ uint64_t GlobalTimerNs() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
+__device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* p) {
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ void FenceSys() { __threadfence_system(); }
+__device__ __forceinline__ void Backoff() { __builtin_amdgcn_s_sleep(1); }
+__device__ __forceinline__ int4 LoadStream(const int4* p) {
+  typedef int NativeInt4 __attribute__((ext_vector_type(4)));
+  const NativeInt4 v = __builtin_nontemporal_load(reinterpret_cast<const NativeInt4*>(p));
+  return make_int4(v.x, v.y, v.z, v.w);
+}
+__device__ __forceinline__ int4 LoadPeer(const int4* p) { return *p; }
+__device__ __forceinline__ void Store16(int4* p, int4 v) { *p = v; }
+#else
+constexpr int kWarpSize = 32;
+using LaneMask = uint32_t;
+
+__device__ __forceinline__ int LaneId() { return threadIdx.x & 31; }
+__device__ __forceinline__ LaneMask Ballot(bool p) { return __ballot_sync(0xffffffffu, p); }
+__device__ __forceinline__ int PopCount(LaneMask m) { return __popc(m); }
+__device__ __forceinline__ LaneMask LanesBelow(int lane) { return (1u << lane) - 1u; }
+__device__ __forceinline__ uint32_t WarpOr(uint32_t v) {
+  for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) { return atomicAdd_system(p, v); }
+__device__ __forceinline__ void FenceSys() { __threadfence_system(); }
+__device__ __forceinline__ void Backoff() {}
+// Read-only input: non-coherent path, no L1 allocation (streamed once).
+__device__ __forceinline__ int4 LoadStream(const int4* p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+// Memory another GPU wrote before a flag we acquired: coherent load, no L1 allocation.
+__device__ __forceinline__ int4 LoadPeer(const int4* p) {
+  int4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void Store16(int4* p, int4 v) {
+  asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+#endif
+
+// Signed distance of round counters (wrap-safe for uint32 epochs).
+__device__ __forceinline__ bool ReachedRound(uint32_t value, uint32_t round) {
+  return static_cast<int32_t>(value - round) >= 0;
+}
+
+// bf16 <-> f32 by bit manipulation (round to nearest even), so no vendor bf16
+// header is needed and both toolchains produce identical results.
+__device__ __forceinline__ float Bf16ToFloat(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+__device__ __forceinline__ uint16_t FloatToBf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Element traits of the combine dtypes: a 16-byte vector holds kElems values.
+template <typename T>
+struct VecTraits;
+
+struct Bf16Tag {};
+
+template <>
+struct VecTraits<Bf16Tag> {
+  static constexpr int kElems = 8;
+  __device__ __forceinline__ static void Accumulate(float (&acc)[8], const int4& v) {
+    const uint32_t w[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), static_cast<uint32_t>(v.z),
+                           static_cast<uint32_t>(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[2 * i] += __uint_as_float(w[i] << 16);
+      acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+  __device__ __forceinline__ static int4 Pack(const float (&acc)[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = static_cast<uint32_t>(FloatToBf16(acc[2 * i])) | (static_cast<uint32_t>(FloatToBf16(acc[2 * i + 1])) << 16);
+    return make_int4(static_cast<int>(w[0]), static_cast<int>(w[1]), static_cast<int>(w[2]), static_cast<int>(w[3]));
+  }
+};
+
+template <>
+struct VecTraits<float> {
+  static constexpr int kElems = 4;
+  __device__ __forceinline__ static void Accumulate(float (&acc)[4], const int4& v) {
+    acc[0] += __int_as_float(v.x);
+    acc[1] += __int_as_float(v.y);
+    acc[2] += __int_as_float(v.z);
+    acc[3] += __int_as_float(v.w);
+  }
+  __device__ __forceinline__ static int4 Pack(const float (&acc)[4]) {
+    return make_int4(__float_as_int(acc[0]), __float_as_int(acc[1]), __float_as_int(acc[2]), __float_as_int(acc[3]));
+  }
+};
+
+}  // namespace mori::ep::dev

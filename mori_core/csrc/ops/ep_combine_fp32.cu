@@ -1,0 +1,13 @@
+// fp32 instantiations of the combine kernel (see ep_combine.cuh).
+#include "ops/ep_combine.cuh"
+
+namespace mori::ep::dev {
+
+void LaunchCombineFp32(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,
+                       gpuStream_t stream) {
+  LaunchCombineFor<float>(args, params, push, blocks, threads, stream);
+}
+
+int CombineBlocksPerSmFp32(int world, bool push, int threads) { return MaxBlocksPerSmForWorld<float>(world, push, threads); }
+
+}  // namespace mori::ep::dev

@@ -1,0 +1,102 @@
+// Device helpers shared by the dispatch and combine kernels: peer addressing,
+// error reporting, bounded flag waits and the "last block to arrive" barrier.
+#pragma once
+
+#include "ops/device_primitives.hpp"
+#include "ops/ep_types.hpp"
+
+namespace mori::ep::dev {
+
+// Byte distance from this rank's heap to peer pe's. Selected with an unrolled
+// loop so a run-time `pe` never indexes the kernel-parameter array (which
+// would copy the whole argument block to local memory).
+__device__ __forceinline__ int64_t PeerDelta(const EpKernelArgs& a, int pe) {
+  int64_t d = 0;
+#pragma unroll
+  for (int i = 0; i < kMaxWorld; ++i)
+    if (i == pe) d = a.peer_delta[i];
+  return d;
+}
+
+// Address of `p`'s twin in peer `pe`'s heap.
+template <typename T>
+__device__ __forceinline__ T* Peer(const EpKernelArgs& a, T* p, int pe) {
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + PeerDelta(a, pe));
+}
+
+__device__ __forceinline__ bool OpFailed(const EpKernelArgs& a) {
+  return *reinterpret_cast<volatile int32_t*>(&a.buf.sync->failed) != 0;
+}
+
+// Records the first error of the op in the host-visible record and marks the op
+// failed, so that every other wait of this op bails out instead of timing out.
+// Takes the two pointers it needs (not the kernel arguments) so that calling it
+// never forces the argument block into local memory.
+static __device__ __noinline__ void ReportErrorTo(EpSyncState* st, EpErrorRecord* err, int32_t code, int32_t phase,
+                                           int32_t peer, int64_t x, int64_t y) {
+  if (atomicCAS(&st->error_claim, 0, 1) == 0) {
+    volatile EpErrorRecord* e = err;
+    e->phase = phase;
+    e->peer = peer;
+    e->block = static_cast<int32_t>(blockIdx.x);
+    e->a = x;
+    e->b = y;
+    FenceSys();
+    e->code = code;
+    FenceSys();
+  }
+  atomicExch(&st->failed, 1);
+}
+
+__device__ __forceinline__ void ReportError(const EpKernelArgs& a, int32_t code, int32_t phase, int32_t peer,
+                                            int64_t x, int64_t y) {
+  ReportErrorTo(a.buf.sync, a.buf.error, code, phase, peer, x, y);
+}
+
+// Spins until *flag has reached `round`, at most `timeout_ns`. On timeout it
+// reports which peer never arrived. Returns false on timeout or when another
+// wait of this op already failed.
+static __device__ __noinline__ bool WaitRoundOn(const uint32_t* flag, uint32_t round, uint64_t timeout_ns, EpSyncState* st,
+                                         EpErrorRecord* err, int phase, int peer) {
+  if (ReachedRound(LoadAcquireSys(flag), round)) return true;
+  const uint64_t start = GlobalTimerNs();
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (ReachedRound(LoadAcquireSys(flag), round)) return true;
+      Backoff();
+    }
+    if (*reinterpret_cast<volatile int32_t*>(&st->failed) != 0) return false;
+    if (GlobalTimerNs() - start > timeout_ns) {
+      ReportErrorTo(st, err, kErrTimeout, phase, peer, round,
+                    static_cast<int64_t>(*reinterpret_cast<const volatile uint32_t*>(flag)));
+      return false;
+    }
+  }
+}
+
+__device__ __forceinline__ bool WaitRound(const EpKernelArgs& a, const uint32_t* flag, uint32_t round, int phase,
+                                          int peer) {
+  return WaitRoundOn(flag, round, a.geo.timeout_ns, a.buf.sync, a.buf.error, phase, peer);
+}
+
+// Every block calls this once after its last write of a phase. Returns true in
+// exactly one block (the last to arrive), after all blocks' earlier writes,
+// including those to peers, are ordered before it at system scope. Resets the
+// counter for the next launch.
+__device__ __forceinline__ bool ArriveLast(uint32_t* counter, int* s_flag) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    FenceSys();
+    const uint32_t prev = atomicAdd(counter, 1u);
+    const bool last = prev == gridDim.x - 1;
+    if (last) {
+      *counter = 0;
+      FenceSys();
+    }
+    *s_flag = last ? 1 : 0;
+  }
+  __syncthreads();
+  return *s_flag != 0;
+}
+
+}  // namespace mori::ep::dev

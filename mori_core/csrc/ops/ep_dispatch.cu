@@ -1,0 +1,205 @@
+// IntraNode dispatch: every token goes once to each unique destination rank of
+// its top-k experts, written straight into that rank's final receive buffers.
+//
+// Per block and round of up to blockDim tokens:
+//   1. one thread per token builds its destination-rank mask (invalid ids dropped);
+//   2. warp ballots count tokens per destination; one thread per destination
+//      reserves a contiguous slot range with ONE system-scope atomic on that
+//      rank's counter;
+//   3. each token's slot on each destination = base + prefix;
+//   4. warps copy (token, row-slice) items: 16-byte loads of the row once, stored
+//      to every destination (payload), plus weights, ids, scales and source index.
+// Completion: the last block to finish signals every peer with the round number
+// and waits (bounded) for every peer's signal; then the receive count is final,
+// is published as total_recv, and the counter is reset for round + 2 (counters
+// alternate by round parity, so back-to-back dispatches never race a reset).
+#include "ops/ep_device_common.hpp"
+#include "ops/ep_kernels.hpp"
+
+namespace mori::ep {
+namespace dev {
+
+constexpr int kDispatchUnroll = 4;  // 16-byte vectors in flight per lane
+
+// Copies `bytes` bytes from src to dst with the widest access both allow.
+__device__ __forceinline__ void CopySmall(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+  const uintptr_t align = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes;
+  if ((align & 15) == 0) {
+    for (int i = lane; i < bytes / 16; i += kWarpSize)
+      reinterpret_cast<int4*>(dst)[i] = reinterpret_cast<const int4*>(src)[i];
+  } else if ((align & 3) == 0) {
+    for (int i = lane; i < bytes / 4; i += kWarpSize)
+      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
+  } else {
+    for (int i = lane; i < bytes; i += kWarpSize) dst[i] = src[i];
+  }
+}
+
+template <int kWorld>
+__global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKernelArgs a, DispatchParams p) {
+  extern __shared__ int4 smem_raw[];
+  const int T = blockDim.x, tid = threadIdx.x, lane = LaneId();
+  const int warp = tid / kWarpSize, nwarps = T / kWarpSize;
+  int32_t* s_slot = reinterpret_cast<int32_t*>(smem_raw);      // [T][kWorld]
+  uint32_t* s_mask = reinterpret_cast<uint32_t*>(s_slot + T * kWorld);  // [T]
+  int32_t* s_warp_off = reinterpret_cast<int32_t*>(s_mask + T);  // [32][kWorld]
+  int32_t* s_base = s_warp_off + 32 * kWorld;                    // [kWorld]
+  int* s_flag = s_base + kWorld;
+
+  const EpGeometry& g = a.geo;
+  EpSyncState* st = a.buf.sync;
+  if (OpFailed(a)) return;
+  const uint32_t round = st->dispatch_epoch + 1;
+  int32_t* counter = a.buf.recv_counter + (round & 1);
+  const int world = g.world, n = p.num_tokens, vecs = p.row_bytes / 16;
+  const int chunk = (n + gridDim.x - 1) / gridDim.x;
+  const int begin = min(n, static_cast<int>(blockIdx.x) * chunk), end = min(n, begin + chunk);
+
+  for (int r0 = begin; r0 < end; r0 += T) {
+    const int cnt = min(T, end - r0);
+    // 1. destination mask, one thread per token
+    uint32_t mask = 0;
+    if (tid < cnt) {
+      const int32_t* ids = p.indices + static_cast<size_t>(r0 + tid) * g.topk;
+      for (int k = 0; k < g.topk; ++k) {
+        const int e = ids[k];
+        if (e >= 0 && e < g.num_experts) mask |= 1u << (e / g.experts_per_rank);
+      }
+      a.buf.token_mask[r0 + tid] = mask;
+    }
+    s_mask[tid] = mask;
+    int prefix[kWorld];
+#pragma unroll
+    for (int r = 0; r < kWorld; ++r) {
+      const LaneMask b = Ballot((mask >> r) & 1u);
+      prefix[r] = PopCount(b & LanesBelow(lane));
+      if (lane == 0) s_warp_off[warp * kWorld + r] = PopCount(b);
+    }
+    __syncthreads();
+    // 2. one remote slot reservation per (block, destination)
+    if (tid < world) {
+      int run = 0;
+      for (int w = 0; w < nwarps; ++w) {
+        const int c = s_warp_off[w * kWorld + tid];
+        s_warp_off[w * kWorld + tid] = run;
+        run += c;
+      }
+      s_base[tid] = run > 0 ? AtomicAddSys(Peer(a, counter, tid), run) : 0;
+    }
+    __syncthreads();
+    // 3. slot of each token on each destination
+    if (tid < cnt) {
+      const size_t t = static_cast<size_t>(r0 + tid);
+#pragma unroll
+      for (int r = 0; r < kWorld; ++r) {
+        if (r < world) {
+          int slot = -1;
+          if ((mask >> r) & 1u) {
+            slot = s_base[r] + s_warp_off[warp * kWorld + r] + prefix[r];
+            if (slot >= g.max_recv) {
+              ReportError(a, kErrSendOverflow, kPhaseDispatch, r, slot, g.max_recv);
+              slot = -1;
+            }
+          }
+          s_slot[tid * kWorld + r] = slot;
+          a.buf.dest_slot[t * world + r] = slot;
+        }
+      }
+    }
+    __syncthreads();
+    // 4. copy (token, slice) items; slices keep all warps busy when tokens are few
+    int parts = max(1, nwarps / cnt);
+    parts = min(parts, max(1, vecs / kWarpSize));
+    const int vpp = (vecs + parts - 1) / parts;
+    const int items = cnt * parts;
+    for (int item = warp; item < items; item += nwarps) {
+      const int li = item % cnt, part = item / cnt;
+      const size_t t = static_cast<size_t>(r0 + li);
+      int4* dst[kWorld];
+      int slot_of[kWorld];
+      bool on[kWorld];
+#pragma unroll
+      for (int r = 0; r < kWorld; ++r) {
+        slot_of[r] = r < world ? s_slot[li * kWorld + r] : -1;
+        on[r] = slot_of[r] >= 0;
+        dst[r] = reinterpret_cast<int4*>(Peer(a, a.buf.dispatch_out, r) + static_cast<size_t>(max(slot_of[r], 0)) * p.row_bytes);
+      }
+      const int4* src = reinterpret_cast<const int4*>(p.input + t * p.row_bytes);
+      const int v1 = min(vecs, (part + 1) * vpp);
+      for (int v = part * vpp + lane; v < v1; v += kWarpSize * kDispatchUnroll) {
+        int4 x[kDispatchUnroll];
+#pragma unroll
+        for (int u = 0; u < kDispatchUnroll; ++u)
+          if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
+#pragma unroll
+        for (int r = 0; r < kWorld; ++r) {
+          if (!on[r]) continue;
+#pragma unroll
+          for (int u = 0; u < kDispatchUnroll; ++u)
+            if (v + u * kWarpSize < v1) Store16(dst[r] + v + u * kWarpSize, x[u]);
+        }
+      }
+      if (part != 0) continue;
+#pragma unroll
+      for (int r = 0; r < kWorld; ++r) {
+        if (!on[r]) continue;
+        const size_t slot = static_cast<size_t>(slot_of[r]);
+        if (lane < g.topk) {
+          if (p.weights)
+            Peer(a, a.buf.dispatch_out_weights, r)[slot * g.topk + lane] = p.weights[t * g.topk + lane];
+          Peer(a, a.buf.dispatch_out_indices, r)[slot * g.topk + lane] = p.indices[t * g.topk + lane];
+        }
+        if (p.scales)
+          CopySmall(Peer(a, a.buf.dispatch_out_scales, r) + slot * g.scale_bytes, p.scales + t * g.scale_bytes,
+                    g.scale_bytes, lane);
+        if (lane == 0) Peer(a, a.buf.src_pos, r)[slot] = g.rank * g.max_send + static_cast<int32_t>(t);
+      }
+    }
+    __syncthreads();
+  }
+
+  // 5. completion: the last block signals the round to every peer, then waits for theirs
+  if (!ArriveLast(&st->dispatch_arrive, s_flag)) return;
+  if (tid < world) {
+    FenceSys();
+    StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
+  }
+  bool ok = true;
+  if (tid < world) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
+  if (!__syncthreads_and(ok)) return;
+  if (tid == 0) {
+    // Every peer reserved its slots before signalling, so the counter is final.
+    int total = *reinterpret_cast<volatile int32_t*>(counter);
+    *counter = 0;
+    if (total > g.max_recv) {
+      ReportError(a, kErrRecvOverflow, kPhaseDispatch, -1, total, g.max_recv);
+      total = g.max_recv;
+    }
+    st->total_recv = total;
+    st->dispatch_tokens = n;
+    st->dispatch_epoch = round;
+  }
+}
+
+size_t DispatchSmemBytes(int threads, int world) {
+  return sizeof(int32_t) * (static_cast<size_t>(threads) * world + threads + 32 * world + world + 4);
+}
+
+}  // namespace dev
+
+int KernelWarpSize() { return dev::kWarpSize; }
+
+void LaunchDispatch(const EpKernelArgs& args, const DispatchParams& params, int blocks, int warps, gpuStream_t stream) {
+  const int threads = warps * dev::kWarpSize;
+  const int w = args.geo.world <= 2 ? 2 : (args.geo.world <= 4 ? 4 : 8);
+  const size_t smem = dev::DispatchSmemBytes(threads, w);
+  if (w == 2)
+    dev::DispatchKernel<2><<<blocks, threads, smem, stream>>>(args, params);
+  else if (w == 4)
+    dev::DispatchKernel<4><<<blocks, threads, smem, stream>>>(args, params);
+  else
+    dev::DispatchKernel<8><<<blocks, threads, smem, stream>>>(args, params);
+  MORI_GPU_CHECK(gpuGetLastError());
+}
+
+}  // namespace mori::ep

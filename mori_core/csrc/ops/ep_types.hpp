@@ -1,0 +1,113 @@
+// Types shared by the EP host code and kernels: geometry, buffer table, the
+// device-side sync state and the host-visible error record.
+#pragma once
+
+#include <cstdint>
+
+namespace mori::ep {
+
+constexpr int kMaxWorld = 8;  // IntraNode: the GPUs of one node
+
+// Error codes written by the kernels into EpErrorRecord::code (0 = none).
+enum EpErrorCode : int32_t {
+  kErrNone = 0,
+  kErrTimeout = 1,          // peer never signalled within the timeout
+  kErrSendOverflow = 2,     // a destination's receive capacity was exceeded
+  kErrRecvOverflow = 3,     // this rank was sent more rows than it can hold
+  kErrCombineRows = 4,      // combine input has fewer rows than tokens received
+  kErrCombineWeightRows = 5,
+  kErrRoutingMismatch = 6,  // combine indices route a token differently than dispatch
+};
+enum EpPhase : int32_t { kPhaseDispatch = 1, kPhaseCombine = 2 };
+
+// Host-mapped (pinned) memory: kernels write, the host reads without syncing.
+// `code` is written last, after a system fence, so a non-zero code means the
+// other fields are complete.
+struct EpErrorRecord {
+  int32_t code;
+  int32_t phase;
+  int32_t peer;
+  int32_t block;
+  int64_t a;
+  int64_t b;
+};
+
+// Per-rank device state, updated only by the kernels (so everything is
+// graph-capturable and resets itself).
+struct EpSyncState {
+  uint32_t dispatch_epoch;   // rounds completed; round e signals value e
+  uint32_t combine_epoch;
+  uint32_t dispatch_arrive;  // blocks of the running dispatch that finished sending
+  uint32_t combine_arrive;
+  int32_t total_recv;        // rows received by the last dispatch (the Python total_recv tensor)
+  int32_t dispatch_tokens;   // tokens this rank sent in the last dispatch
+  int32_t failed;            // set once any kernel of this op reported an error
+  int32_t error_claim;       // first reporter wins
+};
+
+struct EpGeometry {
+  int32_t rank;
+  int32_t world;
+  int32_t topk;
+  int32_t experts_per_rank;
+  int32_t num_experts;
+  int32_t max_tok;        // max_num_inp_token_per_rank
+  int32_t max_recv;       // receive capacity (rows of the dispatch outputs)
+  int32_t max_send;       // world * max_tok: stride of the flat source index
+  int32_t scale_bytes;    // bytes of one token's scales (0: none)
+  int32_t pad_;
+  uint64_t timeout_ns;
+};
+
+// Addresses in THIS rank's heap; peer pe's twin is at `ptr + peer_delta[pe]`.
+struct EpBuffers {
+  // symmetric (peers write or read them)
+  uint8_t* dispatch_out;        // [max_recv][row]
+  float* dispatch_out_weights;  // [max_recv][topk]
+  int32_t* dispatch_out_indices;
+  uint8_t* dispatch_out_scales; // [max_recv][scale_bytes]
+  int32_t* src_pos;             // [max_recv] flat source index
+  uint8_t* combine_inp;         // [max_recv][row] registered (zero-copy) combine input
+  float* combine_inp_weights;   // [max_recv][topk] pull-mode weight staging
+  uint8_t* stage;               // [world][max_tok][row] push-mode combine staging
+  float* stage_weights;         // [world][max_tok][topk]
+  int32_t* recv_counter;        // [2] slot reservation counters (by round parity)
+  uint32_t* dispatch_flags;     // [kMaxWorld] round signalled by each source
+  uint32_t* combine_flags;      // [kMaxWorld]
+  // local only
+  uint8_t* combine_out;         // [max_tok][row]
+  float* combine_out_weights;   // [max_tok][topk]
+  int32_t* dest_slot;           // [max_tok][world]: slot of token t on rank r, -1 if none
+  uint32_t* token_mask;         // [max_tok]: destination-rank bit mask of token t
+  EpSyncState* sync;
+  EpErrorRecord* error;         // device alias of the host-mapped record
+};
+
+struct EpKernelArgs {
+  EpGeometry geo;
+  EpBuffers buf;
+  int64_t peer_delta[kMaxWorld];
+};
+
+struct DispatchParams {
+  const uint8_t* input;
+  const float* weights;   // nullable
+  const uint8_t* scales;  // nullable
+  const int32_t* indices;
+  int32_t num_tokens;
+  int32_t row_bytes;
+};
+
+struct CombineParams {
+  const uint8_t* input;
+  const float* weights;  // nullable
+  const int32_t* indices;
+  int32_t row_bytes;
+  int32_t input_rows;
+  int32_t weight_rows;
+  int32_t weights_symmetric;  // weights == this rank's dispatch_out_weights: peers read them in place
+  int32_t num_tokens;
+  int32_t check_input_rows;   // push mode reads `input`; pull mode reads combine_inp
+};
+
+}  // namespace mori::ep
