@@ -1,0 +1,195 @@
+"""Turn SGLang page/slot indices into byte ranges for ``IOEngine.batch_write``.
+
+Pure functions over numbers (no I/O), so every layout rule is testable alone:
+
+* SGLang pools are token-major per region: page ``p`` of a region with
+  ``item_len`` bytes per page is bytes ``[p * item_len, (p + 1) * item_len)``.
+  Runs of pages contiguous on both sides become one segment.
+* MHA with different prefill/decode TP: a page holds ``page_size`` tokens of
+  ``[heads, head_dim]``; each token's head slice is one segment.
+* One chunk's writes, over every region pair and peer, are collected in a
+  :class:`WriteBatch` and submitted with a single ``batch_write`` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+from mori_core.io import IOEngine, MemoryDesc, TransferStatus
+
+Segments = Tuple[List[int], List[int], List[int]]  # local offsets, remote offsets, sizes
+
+
+class PlanError(ValueError):
+    """Prefill and decode layouts cannot be paired (a configuration error, not a transport one)."""
+
+
+@dataclasses.dataclass
+class WriteBatch:
+    """Writes of one transfer step, one entry per (local region, remote region) pair."""
+
+    local: List[MemoryDesc] = dataclasses.field(default_factory=list)
+    local_offsets: List[List[int]] = dataclasses.field(default_factory=list)
+    remote: List[MemoryDesc] = dataclasses.field(default_factory=list)
+    remote_offsets: List[List[int]] = dataclasses.field(default_factory=list)
+    sizes: List[List[int]] = dataclasses.field(default_factory=list)
+
+    def add(self, local: MemoryDesc, remote: MemoryDesc, segments: Segments) -> None:
+        """Queue ``segments`` from ``local`` to ``remote`` (empty segment lists are dropped)."""
+        lo, ro, sz = segments
+        if not sz:
+            return
+        self.local.append(local)
+        self.local_offsets.append(lo)
+        self.remote.append(remote)
+        self.remote_offsets.append(ro)
+        self.sizes.append(sz)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(sum(s) for s in self.sizes)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def submit(self, engine: IOEngine) -> List[TransferStatus]:
+        """One ``batch_write`` for everything queued; one status per region pair."""
+        if not self.sizes:
+            return []
+        uids = [engine.allocate_transfer_uid() for _ in self.sizes]
+        return list(
+            engine.batch_write(self.local, self.local_offsets, self.remote, self.remote_offsets, self.sizes, uids)
+        )
+
+
+def as_indices(values: Sequence[int] | npt.NDArray) -> npt.NDArray[np.int64]:
+    """A flat int64 copy of page/slot indices (SGLang passes int32 arrays or lists)."""
+    return np.asarray(values, dtype=np.int64).ravel()
+
+
+def index_runs(src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> Tuple[npt.NDArray, npt.NDArray, npt.NDArray]:
+    """Split paired indices into runs that are +1 contiguous on both sides.
+
+    Returns (src_starts, dst_starts, lengths).
+    """
+    if src.size != dst.size:
+        raise PlanError(f"{src.size} source indices but {dst.size} destination indices")
+    if src.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [src.size]))
+    return src[starts], dst[starts], ends - starts
+
+
+def contiguous_segments(
+    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], src_item_len: int, dst_item_len: int
+) -> Segments:
+    """Whole items (pages or state slots) copied index to index."""
+    if src_item_len != dst_item_len:
+        raise PlanError(f"item sizes differ: prefill {src_item_len} B, decode {dst_item_len} B")
+    s, d, n = index_runs(src, dst)
+    return (s * src_item_len).tolist(), (d * dst_item_len).tolist(), (n * src_item_len).tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadSlice:
+    """Which KV heads one prefill rank writes into one decode rank (per token)."""
+
+    src_heads: int  # heads per token in the prefill region
+    dst_heads: int  # heads per token in the decode region
+    src_head_start: int
+    dst_head_start: int
+    num_heads: int
+
+    @classmethod
+    def between(cls, total_heads: int, src_tp: int, src_rank: int, dst_tp: int, dst_rank: int) -> "HeadSlice":
+        """SGLang's own head mapping (GQA replication included) for a TP pair."""
+        from sglang.srt.disaggregation.common.staging_buffer import compute_head_slice_params
+
+        src_start, num, dst_start, _ = compute_head_slice_params(src_tp, dst_tp, src_rank, dst_rank, total_heads)
+        return cls(
+            src_heads=max(1, total_heads // src_tp),
+            dst_heads=max(1, total_heads // dst_tp),
+            src_head_start=src_start,
+            dst_head_start=dst_start,
+            num_heads=num,
+        )
+
+
+def head_slice_segments(
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    page_size: int,
+    src_item_len: int,
+    dst_item_len: int,
+    heads: HeadSlice,
+) -> Segments:
+    """Per-token head slices from prefill pages into decode pages (MHA, TP mismatch)."""
+    if src.size != dst.size:
+        raise PlanError(f"{src.size} prefill pages but {dst.size} decode pages")
+    head_len = src_item_len // (page_size * heads.src_heads)
+    if head_len * page_size * heads.src_heads != src_item_len or head_len * page_size * heads.dst_heads != dst_item_len:
+        raise PlanError(
+            f"KV page sizes (prefill {src_item_len} B, decode {dst_item_len} B) do not split into "
+            f"{heads.src_heads} / {heads.dst_heads} heads of equal size with page_size={page_size}"
+        )
+    if heads.src_head_start + heads.num_heads > heads.src_heads or heads.dst_head_start + heads.num_heads > heads.dst_heads:
+        raise PlanError(f"head slice {heads} exceeds the heads of a page")
+    if heads.num_heads == heads.src_heads == heads.dst_heads:
+        return contiguous_segments(src, dst, src_item_len, dst_item_len)
+    slots = np.arange(page_size, dtype=np.int64)
+    local = src[:, None] * src_item_len + slots * (heads.src_heads * head_len) + heads.src_head_start * head_len
+    remote = dst[:, None] * dst_item_len + slots * (heads.dst_heads * head_len) + heads.dst_head_start * head_len
+    size = heads.num_heads * head_len
+    return local.ravel().tolist(), remote.ravel().tolist(), [size] * int(local.size)
+
+
+def pair_entries(
+    src_layer_ids: Sequence[int],
+    dst_layer_ids: Sequence[int],
+    n_src: int,
+    n_dst: int,
+    *,
+    allow_positional_fallback: bool = True,
+) -> List[Tuple[int, int]]:
+    """(prefill entry, decode entry) pairs, matched by model layer id when both sides give ids.
+
+    Repeated layer ids (K then V of one layer) pair in order. Without ids only
+    equal-length lists pair positionally (PP stages of different sizes need ids).
+    """
+    from sglang.srt.disaggregation.utils import build_transfer_entry_pairs
+
+    try:
+        return build_transfer_entry_pairs(
+            list(src_layer_ids), list(dst_layer_ids), n_src, n_dst, allow_positional_fallback=allow_positional_fallback
+        )
+    except RuntimeError as e:
+        raise PlanError(str(e)) from None
+
+
+def mamba_segments(
+    src_slot: int,
+    dst_slot: int,
+    src_item_len: int,
+    dst_item_len: int,
+    tp_slice: Optional[dict],
+) -> Segments:
+    """One request's Mamba state of one tensor: the whole slot, or SGLang's TP slices of it."""
+    if tp_slice is None:
+        if src_item_len != dst_item_len:
+            raise PlanError(f"Mamba state sizes differ: prefill {src_item_len} B, decode {dst_item_len} B")
+        return [src_slot * src_item_len], [dst_slot * dst_item_len], [src_item_len]
+    from sglang.srt.disaggregation.utils import compute_mamba_state_slice_byte_blocks
+
+    blocks = compute_mamba_state_slice_byte_blocks(src_item_len=src_item_len, dst_item_len=dst_item_len, **tp_slice)
+    return (
+        [src_slot * src_item_len + s for s, _, _ in blocks],
+        [dst_slot * dst_item_len + d for _, d, _ in blocks],
+        [n for _, _, n in blocks],
+    )

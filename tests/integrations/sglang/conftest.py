@@ -1,0 +1,29 @@
+"""Fixtures of the SGLang adapter tests: real sglang==0.5.23 processes over the TCP backend."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from pd_cluster import Host, start_hosts  # noqa: E402
+
+# Outside the venv of .ci/venv_sglang.sh (sglang==0.5.23 + mori-suite) there is nothing to test.
+if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("mori_integrations") is None:
+    collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Host]]:
+    """Bootstrap host B, prefill hosts P0/P1 and decode hosts D0/D1, shared by the transfer tests."""
+    hosts = start_hosts(["B", "P0", "P1", "D0", "D1"], tmp_path_factory.mktemp("pd_hosts"))
+    try:
+        yield hosts
+    finally:
+        for h in hosts.values():
+            h.close()
