@@ -7,17 +7,9 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from mori_core.io import BackendType, IOEngine, IOEngineConfig, MemoryLocationType, TcpBackendConfig
+from mori_core.io import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig
 
-from peer import TargetProcess
-
-
-class LocalBuffer:
-    """A registered numpy buffer of the initiator."""
-
-    def __init__(self, engine: IOEngine, size: int) -> None:
-        self.array = np.zeros(size, dtype=np.uint8)
-        self.desc = engine.register_memory(self.array.ctypes.data, size, -1, MemoryLocationType.CPU)
+from io_peer import TargetProcess
 
 
 @pytest.fixture(scope="module")

@@ -20,14 +20,12 @@ from mori_core.io import (
     TcpBackendConfig,
 )
 
-from peer import TargetProcess
+from io_peer import LocalBuffer, TargetProcess
 
 POISON = 0x5A
 
 
 def _local(engine, size):
-    from conftest import LocalBuffer
-
     return LocalBuffer(engine, size)
 
 

@@ -23,7 +23,7 @@ from mori_core.io import (  # noqa: E402
     StatusCode,
 )
 
-from gpu_peer import GpuTarget  # noqa: E402
+from io_gpu_peer import GpuTarget  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -9,12 +9,10 @@ import pytest
 
 from mori_core.io import StatusCode, TransferStatus, wait_all
 
-from peer import TargetProcess
+from io_peer import LocalBuffer, TargetProcess
 
 
 def test_notification_after_write(initiator, target):
-    from conftest import LocalBuffer
-
     local = LocalBuffer(initiator, 16 << 20)
     _, rm = target.region(16 << 20)
     uid = initiator.allocate_transfer_uid()
@@ -28,8 +26,6 @@ def test_notification_after_write(initiator, target):
 
 
 def test_notification_for_batch_and_session(initiator, target):
-    from conftest import LocalBuffer
-
     local = LocalBuffer(initiator, 1 << 20)
     _, rm = target.region(1 << 20)
     sess = initiator.create_session(local.desc, rm)
@@ -40,8 +36,6 @@ def test_notification_for_batch_and_session(initiator, target):
 
 
 def test_failed_transfer_is_not_notified(initiator, target):
-    from conftest import LocalBuffer
-
     local = LocalBuffer(initiator, 4096)
     _, rm = target.region(4096)
     uid = initiator.allocate_transfer_uid()
@@ -52,8 +46,6 @@ def test_failed_transfer_is_not_notified(initiator, target):
 
 def test_notifications_disabled():
     from mori_core.io import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig
-
-    from conftest import LocalBuffer
 
     t = TargetProcess("target-nonotif")
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from io_peer import LocalBuffer
+
 from mori_core.io import StatusCode
 
 POISON = 0xA5
@@ -37,8 +39,6 @@ def _submit(initiator, session, op, api, shape, lm, rm, offs_l, offs_r, size):
 @pytest.mark.parametrize("api", ["engine", "session"])
 @pytest.mark.parametrize("op", ["write", "read"])
 def test_matrix(initiator, target, rng, op, api, shape, size):
-    from conftest import LocalBuffer
-
     count = 1 if shape == "single" else 4
     span = count * size * 2 + 64
     local = LocalBuffer(initiator, span)
@@ -65,8 +65,6 @@ def test_matrix(initiator, target, rng, op, api, shape, size):
 
 
 def test_batch_of_64_scattered_pages(initiator, target, rng):
-    from conftest import LocalBuffer
-
     page, n = 8192, 64
     local = LocalBuffer(initiator, 2 * n * page)
     remote_buf, rm = target.region(2 * n * page)
@@ -95,8 +93,6 @@ def test_batch_of_64_scattered_pages(initiator, target, rng):
 
 def test_contiguous_segments_are_merged_and_exact(initiator, target, rng):
     """Many adjacent small segments (merged into one) land byte-exact."""
-    from conftest import LocalBuffer
-
     n, seg = 1000, 100
     local = LocalBuffer(initiator, n * seg)
     remote_buf, rm = target.region(n * seg)
@@ -111,8 +107,6 @@ def test_contiguous_segments_are_merged_and_exact(initiator, target, rng):
 
 def test_many_back_to_back_transfers(initiator, target, rng):
     """500 interleaved single writes from one thread all land, each exactly once."""
-    from conftest import LocalBuffer
-
     n, seg = 500, 256
     local = LocalBuffer(initiator, n * seg)
     remote_buf, rm = target.region(n * seg)

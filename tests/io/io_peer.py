@@ -13,6 +13,8 @@ import signal
 from multiprocessing import shared_memory
 from typing import Any, Optional
 
+import numpy as np
+
 from mori_core.io import (
     BackendType,
     EngineDesc,
@@ -102,3 +104,11 @@ class TargetProcess:
         for shm in self._shms:
             shm.close()
             shm.unlink()
+
+
+class LocalBuffer:
+    """A registered numpy buffer of the initiator."""
+
+    def __init__(self, engine: IOEngine, size: int) -> None:
+        self.array = np.zeros(size, dtype=np.uint8)
+        self.desc = engine.register_memory(self.array.ctypes.data, size, -1, MemoryLocationType.CPU)

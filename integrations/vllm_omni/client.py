@@ -1,0 +1,111 @@
+"""The receiver's side of the control plane: requests with deadlines over ZMQ DEALER sockets.
+
+Sockets are cached per thread and per sender endpoint (a ZMQ socket must stay
+on one thread). Replies are matched by ``seq``; a stale reply (to a request
+whose caller gave up) is skipped. A socket whose pull is still unanswered is
+*detached* from the cache and handed to the caller, so the late reply — which
+says when the sender stopped writing into our pool — is not lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from typing import Optional
+
+import zmq
+
+from . import protocol
+from .protocol import Reply
+
+__all__ = ["PullClient", "wait_reply"]
+
+logger = logging.getLogger(__name__)
+
+
+def wait_reply(sock: zmq.Socket, seq: int, deadline: float) -> Optional[Reply]:
+    """The reply with ``seq`` on ``sock``, or None once ``deadline`` (monotonic) passed.
+
+    Undecodable frames and replies to other requests are skipped (logged).
+    """
+    while True:
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0 and not sock.poll(0):
+            return None
+        if not sock.poll(max(remaining_ms, 0)):
+            continue
+        frame = sock.recv(zmq.NOBLOCK)
+        try:
+            reply = protocol.decode_reply(frame)
+        except protocol.ProtocolError as exc:
+            logger.warning("ignoring an undecodable control reply: %s", exc)
+            continue
+        if reply.seq == seq or (reply.seq == 0 and isinstance(reply, protocol.Rejected)):
+            return reply
+        logger.debug("skipping a stale reply (seq %d, waiting for %d)", reply.seq, seq)
+
+
+class PullClient:
+    """Request/reply with bounded waits towards many sender endpoints."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self._ctx = ctx
+        self._local = threading.local()
+        self._seq = itertools.count(1)
+        self._seq_lock = threading.Lock()
+
+    def next_seq(self) -> int:
+        """A fresh request id (unique within this client)."""
+        with self._seq_lock:
+            return next(self._seq)
+
+    def _cache(self) -> dict[str, zmq.Socket]:
+        cache = getattr(self._local, "sockets", None)
+        if cache is None:
+            cache = self._local.sockets = {}
+        return cache
+
+    def socket(self, address: str) -> zmq.Socket:
+        """This thread's DEALER socket connected to ``address``."""
+        cache = self._cache()
+        sock = cache.get(address)
+        if sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, 4 * protocol.MAX_FRAME_BYTES)
+            sock.connect(address)
+            cache[address] = sock
+        return sock
+
+    def detach(self, address: str) -> Optional[zmq.Socket]:
+        """Remove this thread's socket for ``address`` from the cache and return it."""
+        return self._cache().pop(address, None)
+
+    def drop(self, address: str) -> None:
+        """Close this thread's socket for ``address`` (its pending replies die with it)."""
+        sock = self.detach(address)
+        if sock is not None:
+            sock.close(linger=0)
+
+    def send(self, address: str, message: object) -> zmq.Socket:
+        """Queue ``message`` towards ``address``; returns the socket the reply will arrive on."""
+        sock = self.socket(address)
+        try:
+            sock.send(protocol.encode(message), zmq.NOBLOCK)
+        except zmq.Again:  # the peer's queue is full: treat like a lost peer
+            self.drop(address)
+            raise TimeoutError(f"control queue towards {address} is full") from None
+        return sock
+
+    def request(self, address: str, message: object, deadline: float) -> Optional[Reply]:
+        """Send ``message`` and wait for its reply until ``deadline``; None on timeout.
+
+        On timeout the socket is closed, so a late reply cannot confuse a later request.
+        """
+        sock = self.send(address, message)
+        reply = wait_reply(sock, message.seq, deadline)
+        if reply is None:
+            self.drop(address)
+        return reply
