@@ -6,6 +6,9 @@
 namespace mori::bindings {
 
 void RegisterIo(pybind11::module_& m);
+#ifdef MORI_HAS_RDMA_BINDINGS
+void RegisterRdmaTesting(pybind11::module_& m);
+#endif
 #ifdef MORI_HAS_SHMEM_BINDINGS
 void RegisterShmem(pybind11::module_& m);
 #endif

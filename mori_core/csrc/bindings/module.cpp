@@ -51,6 +51,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("level"), "Set the core's log level: trace, debug, info, warning, error, critical or off.");
 
   mori::bindings::RegisterIo(m);
+#ifdef MORI_HAS_RDMA_BINDINGS
+  mori::bindings::RegisterRdmaTesting(m);
+#endif
 #ifdef MORI_HAS_SHMEM_BINDINGS
   mori::bindings::RegisterShmem(m);
 #endif
