@@ -52,21 +52,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ----------------------------------------------------------------- target side
-def _alloc(nbytes: int, mem: str, device: int):
-    import torch
+class _Buffer:
+    """A benchmark buffer: numpy for CPU memory (no torch needed), torch for GPU."""
 
-    if mem == "gpu":
-        return torch.zeros(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
-    return torch.zeros(nbytes, dtype=torch.uint8).pin_memory() if _cuda_ok() else torch.zeros(nbytes, dtype=torch.uint8)
+    def __init__(self, nbytes: int, mem: str, device: int) -> None:
+        self.mem = mem
+        if mem == "gpu":
+            import torch
 
+            self.tensor = torch.zeros(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        else:
+            import numpy as np
 
-def _cuda_ok() -> bool:
-    try:
-        import torch
+            self.array = np.zeros(nbytes, dtype=np.uint8)
 
-        return torch.cuda.is_available()
-    except Exception:
-        return False
+    def register(self, engine):
+        from mori_core.io import MemoryLocationType
+
+        if self.mem == "gpu":
+            return engine.register_torch_tensor(self.tensor)
+        return engine.register_memory(self.array.ctypes.data, self.array.nbytes, -1, MemoryLocationType.CPU)
+
+    def randomize(self) -> None:
+        if self.mem == "gpu":
+            self.tensor.random_(0, 255)
+        else:
+            import numpy as np
+
+            self.array[:] = np.random.default_rng(0).integers(0, 256, self.array.size, dtype=np.uint8)
 
 
 def _make_engine(key: str, backend: str, num_connections: int):
@@ -114,8 +127,8 @@ def _target_main(pipe, backend: str, mem: str, device: int, nbytes: int, num_con
 
     faulthandler.dump_traceback_later(90, exit=False)  # says where it is stuck if it ever is
     engine = _make_engine("bench-target", backend, num_connections)
-    buf = _alloc(nbytes, mem, device)
-    md = engine.register_torch_tensor(buf)
+    buf = _Buffer(nbytes, mem, device)
+    md = buf.register(engine)
     raw = socket.socket()
     raw.bind(("127.0.0.1", 0))
     raw.listen(4)
@@ -232,8 +245,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--batch and --iters must be >= 1")
     nbytes = max(max(sizes) * 2 * args.batch, large)
 
-    import torch  # noqa: F401  (buffers are torch tensors so CPU and GPU share one path)
-
     from mori_core.io import EngineDesc, MemoryDesc
 
     ctx = mp.get_context("spawn")
@@ -254,9 +265,9 @@ def run(args: argparse.Namespace) -> int:
         parent.send(engine.get_engine_desc().pack())
         engine.register_remote_engine(EngineDesc.unpack(tdesc))
         rm = MemoryDesc.unpack(tmem)
-        buf = _alloc(nbytes, mem, args.initiator_device)
-        buf.random_(0, 255) if mem == "gpu" else buf.copy_(torch.randint(0, 255, (nbytes,), dtype=torch.uint8))
-        lm = engine.register_torch_tensor(buf)
+        buf = _Buffer(nbytes, mem, args.initiator_device)
+        buf.randomize()
+        lm = buf.register(engine)
         session = engine.create_session(lm, rm)
         if session is None:
             raise RuntimeError(f"no backend can serve this pair: {engine.explain_route(lm, rm)}")
