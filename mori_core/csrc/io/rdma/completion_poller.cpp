@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <unordered_map>
 
 #include "common/logging.hpp"
 
@@ -64,30 +63,27 @@ void CompletionPoller::PollingPass(const std::vector<QpPtr>& snap, int64_t now, 
   for (const auto& q : snap) *got += q->Poll(now);
 }
 
-void CompletionPoller::EventWait(const std::vector<QpPtr>& snap) {
+void CompletionPoller::EventWait(const std::vector<QpPtr>& snap, int* got) {
   std::vector<struct pollfd> fds;
   for (const auto& n : nics_)
     if (n->channel) fds.push_back({n->channel->fd, POLLIN, 0});
-  if (fds.empty()) return;
-  int r = ::poll(fds.data(), fds.size(), static_cast<int>(kWatchdogPeriodMs));
-  if (r <= 0) return;
-  std::unordered_map<abi::ibv_cq*, QueuePair*> byCq;
-  for (const auto& q : snap) byCq[q->cq()] = q.get();
-  const int64_t now = SteadyNowMs();
-  for (const auto& n : nics_) {
-    if (!n->channel) continue;
-    abi::ibv_cq* cq = nullptr;
-    void* ctx = nullptr;
-    // The channel fd is non-blocking: this drains what is pending.
-    while (n->verbs.get_cq_event(n->channel, &cq, &ctx) == 0) {
-      n->verbs.ack_cq_events(cq, 1);
-      auto it = byCq.find(cq);
-      if (it == byCq.end()) continue;
-      it->second->RequestNotify();
-      // Re-armed first, then drained: a completion racing the re-arm raises a new event.
-      while (it->second->Poll(now) > 0) {
-      }
+  if (!fds.empty() && ::poll(fds.data(), fds.size(), static_cast<int>(kWatchdogPeriodMs)) > 0) {
+    for (const auto& n : nics_) {
+      if (!n->channel) continue;
+      abi::ibv_cq* cq = nullptr;
+      void* ctx = nullptr;
+      // The channel fd is non-blocking: this drains what is pending. Events
+      // are acknowledged at once (ibv_destroy_cq waits for that).
+      while (n->verbs.get_cq_event(n->channel, &cq, &ctx) == 0) n->verbs.ack_cq_events(cq, 1);
     }
+  }
+  // Every CQ is re-armed before it is drained, so a completion racing the
+  // drain raises a new event; QPs added since the last pass are armed here too.
+  const int64_t now = SteadyNowMs();
+  for (const auto& q : snap) {
+    q->RequestNotify();
+    int n;
+    while ((n = q->Poll(now)) > 0) *got += n;
   }
 }
 
@@ -99,19 +95,18 @@ void CompletionPoller::Loop() {
   int sleepUs = 1;
   while (!stop_.load(std::memory_order_relaxed)) {
     if (version_.load() != seen) {
-      std::lock_guard<std::mutex> lock(mu_);
-      snap = qps_;
-      seen = version_.load();
+      std::vector<QpPtr> fresh;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        fresh = qps_;
+        seen = version_.load();
+      }
+      snap.swap(fresh);  // QPs dropped from the list are destroyed here, outside the lock
     }
     int64_t now = SteadyNowMs();
     int got = 0;
-    if (mode_ == PollCqMode::EVENT) {
-      EventWait(snap);
-      // Completions that raced the arming (or arrived on QPs added meanwhile).
-      PollingPass(snap, now, &got);
-    } else {
-      PollingPass(snap, now, &got);
-    }
+    if (mode_ == PollCqMode::EVENT) EventWait(snap, &got);
+    else PollingPass(snap, now, &got);
     if (now - lastWatchdog >= kWatchdogPeriodMs) {
       lastWatchdog = now;
       for (const auto& q : snap) q->CheckStall(now, stallTimeoutMs_);

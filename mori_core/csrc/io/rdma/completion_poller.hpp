@@ -35,7 +35,7 @@ class CompletionPoller {
  private:
   void Loop();
   void PollingPass(const std::vector<QpPtr>& snap, int64_t now, int* got);
-  void EventWait(const std::vector<QpPtr>& snap);
+  void EventWait(const std::vector<QpPtr>& snap, int* got);
 
   const PollCqMode mode_;
   const std::vector<NicPtr> nics_;

@@ -25,6 +25,10 @@ GpuDmabuf ExportGpuDmabuf(int device, uint64_t ptr, uint64_t size, std::string* 
     // The export runs against the memory's device; the framework's current
     // device is restored afterwards (MORI PR #682 clobbered it).
     DeviceGuard guard(device);
+    // Driver-API calls need the device's context current on this thread,
+    // which may be a control-plane thread that never touched the GPU: any
+    // runtime call binds the primary context, gpuFree(nullptr) is the no-op one.
+    MORI_GPU_CHECK(gpuFree(nullptr));
 #if defined(MORI_GPU_HIP)
     int fd = -1;
     hipError_t e = hipMemGetHandleForAddressRange(&fd, reinterpret_cast<hipDeviceptr_t>(start), length,

@@ -179,7 +179,8 @@ void PeerLink::ForgetMemory() {
   memory_.clear();
 }
 
-GroupPtr PeerLink::Group(const NicPtr& nic, const std::string& remoteNic, uint32_t remoteMaxMsg, std::string* err) {
+GroupPtr PeerLink::Group(const NicPtr& nic, const std::string& remoteNic, bool* rebuilt, std::string* err) {
+  *rebuilt = false;
   const std::string key = nic->Id() + "|" + remoteNic;
   auto usable = [&](const GroupPtr& g) { return g && g->Healthy() && g->controlGeneration == generation_.load(); };
   {
@@ -199,6 +200,7 @@ GroupPtr PeerLink::Group(const NicPtr& nic, const std::string& remoteNic, uint32
                                                                                 : it->second->FirstFailure()));
       stale = std::move(it->second);
       groups_.erase(it);
+      *rebuilt = true;
       memory_.clear();  // rkeys may be stale as well
     }
   }
@@ -211,7 +213,6 @@ GroupPtr PeerLink::Group(const NicPtr& nic, const std::string& remoteNic, uint32
   g->id = core_.NextGroupId();
   g->nic = nic;
   g->remoteNic = remoteNic;
-  g->remoteMaxMsg = remoteMaxMsg;
   g->poller = core_.poller();
   ConnectRequest req;
   req.groupId = g->id;

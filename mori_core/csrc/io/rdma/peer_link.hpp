@@ -45,7 +45,9 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
   // NOT_FOUND (peer does not know it) from BAD_STATE (peer unreachable).
   bool Memory(const MemoryDesc& remote, RemoteMemory* out, StatusCode* code, std::string* err);
   // A healthy QP group from local port `nic` to the peer's port `remoteNic`.
-  GroupPtr Group(const NicPtr& nic, const std::string& remoteNic, uint32_t remoteMaxMsg, std::string* err);
+  // *rebuilt tells that a failed group was replaced, which also dropped the
+  // cached rkeys (the caller fetches them again).
+  GroupPtr Group(const NicPtr& nic, const std::string& remoteNic, bool* rebuilt, std::string* err);
   // Forget cached rkeys (after a failure they may be stale).
   void ForgetMemory();
   void Close();

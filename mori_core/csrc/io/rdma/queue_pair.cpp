@@ -53,8 +53,10 @@ QueuePair::QueuePair(NicPtr nic, Role role, const RdmaSettings& s, std::string p
   const VerbsApi& v = nic_->verbs;
   const uint32_t sq = credits_.depth();
   const uint32_t rq = role == Role::Target ? static_cast<uint32_t>(s.config.notifPerQp) : 1;
-  int cqe = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(sq) + rq, static_cast<uint64_t>(s.maxCqe())));
-  if (nic_->maxCqe > 0) cqe = std::min(cqe, nic_->maxCqe);
+  const int cqe = static_cast<int>(sq + rq);
+  if (nic_->maxCqe > 0 && cqe > nic_->maxCqe)
+    throw BadState(nic_->name + " supports CQs of " + std::to_string(nic_->maxCqe) + " entries, fewer than the " +
+                   std::to_string(cqe) + " this QP needs (lower RdmaBackendConfig.max_send_wr / notif_per_qp)");
   cq_ = v.create_cq(nic_->context, cqe, this, nic_->channel, 0);
   if (!cq_)
     throw BadState("ibv_create_cq(" + std::to_string(cqe) + " entries) on " + nic_->name +

@@ -126,7 +126,8 @@ void RdmaBackend::Submit(TransferRequest req) {
 
 std::unique_ptr<BackendSession> RdmaBackend::CreateSession(const MemoryDesc& local, const MemoryDesc& remote) {
   auto region = ctx_.memory.Find(local.id);
-  if (!region) return nullptr;
+  RegionPin pin(region);  // no registration may race a deregistration
+  if (!pin) return nullptr;
   Route route;
   StatusCode code;
   std::string err;

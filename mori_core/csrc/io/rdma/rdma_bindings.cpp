@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <chrono>
 
@@ -13,6 +15,7 @@
 #include "io/rdma/completion_errors.hpp"
 #include "io/rdma/control_protocol.hpp"
 #include "io/rdma/device_filter.hpp"
+#include "io/rdma/gpu_dmabuf.hpp"
 #include "io/rdma/pci_topology.hpp"
 #include "io/rdma/post_planner.hpp"
 #include "io/rdma/rdma_settings.hpp"
@@ -362,6 +365,23 @@ void RegisterRdmaTesting(py::module_& parent) {
     d["dmabuf"] = v && v->reg_dmabuf_mr != nullptr;
     return d;
   });
+
+  m.def(
+      "export_gpu_dmabuf",
+      [](int device, uint64_t ptr, uint64_t size) {
+        std::string why;
+        GpuDmabuf b = ExportGpuDmabuf(device, ptr, size, &why);
+        py::dict d;
+        d["ok"] = b.fd >= 0;
+        d["error"] = why;
+        d["offset"] = b.offset;
+        // A dma-buf's size is what lseek(SEEK_END) reports.
+        d["dmabuf_size"] = b.fd >= 0 ? static_cast<int64_t>(::lseek(b.fd, 0, SEEK_END)) : -1;
+        if (b.fd >= 0) ::close(b.fd);
+        return d;
+      },
+      py::arg("device"), py::arg("ptr"), py::arg("size"), py::call_guard<py::gil_scoped_release>(),
+      "The dma-buf export the RDMA backend uses for GPU memory (the fd is closed again).");
 
   m.def("encode_control", &EncodeControl, py::arg("kind"), py::arg("fields") = py::dict());
   m.def("decode_control", &DecodeControl, py::arg("body"));

@@ -163,13 +163,21 @@ bool RdmaCore::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route*
     *code = StatusCode::ERR_RDMA_OP;
     return false;
   }
-  if (!route->peer->Memory(remote, &route->remote, code, err)) return false;
-  route->group = route->peer->Group(route->local->nic, route->remote.nic, 0, err);
-  if (!route->group) {
-    *code = StatusCode::ERR_BAD_STATE;
-    return false;
+  // At most twice: a rebuilt connection invalidates the rkey fetched before it.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!route->peer->Memory(remote, &route->remote, code, err)) return false;
+    bool rebuilt = false;
+    route->group = route->peer->Group(route->local->nic, route->remote.nic, &rebuilt, err);
+    if (!route->group) {
+      *code = StatusCode::ERR_BAD_STATE;
+      return false;
+    }
+    if (!rebuilt) return true;
   }
-  return true;
+  *code = StatusCode::ERR_BAD_STATE;
+  *err = "the RDMA connection to engine '" + remote.engineKey + "' failed again right after being rebuilt: " +
+         route->group->FirstFailure();
+  return false;
 }
 
 void RdmaCore::Post(const Route& route, const SegmentList& segments, TransferUniqueId uid, bool isRead,
@@ -211,10 +219,11 @@ void RdmaCore::Post(const Route& route, const SegmentList& segments, TransferUni
   for (int q : plan->qpsUsed) {
     if (workers_) {
       std::vector<uint32_t> chains = std::move(perQp[q]);
-      auto self = shared_from_this();
       Route r = route;
-      workers_->Enqueue(g.qps[q]->serial(), [self, plan, xfer, r, q, chains, notify, total, uid, isRead](bool cancelled) {
-        self->PostOnQp(plan, xfer, r, q, chains, notify, total, uid, isRead, cancelled);
+      // `this` outlives every task: Shutdown() stops (and drains) the workers
+      // before the core can be destroyed.
+      workers_->Enqueue(g.qps[q]->serial(), [this, plan, xfer, r, q, chains, notify, total, uid, isRead](bool cancelled) {
+        PostOnQp(plan, xfer, r, q, chains, notify, total, uid, isRead, cancelled);
       });
     } else {
       PostOnQp(plan, xfer, route, q, perQp[q], notify, total, uid, isRead, false);

@@ -73,6 +73,13 @@ RdmaSettings ResolveSettings(const RdmaBackendConfig& in) {
   Check(c.maxMsgSge == 0 || (c.maxMsgSge >= 1 && c.maxMsgSge <= 32), "RdmaBackendConfig.max_msg_sge", c.maxMsgSge,
         "0 (default 4) or in [1, 32] (MORI_IO_QP_MAX_SGE)");
 
+  // One completion per signalled chain plus one per receive: a CQ smaller
+  // than that could overrun, which breaks every QP on it.
+  if (s.maxCqe() < s.maxSendWr() + 1 || s.maxCqe() < c.notifPerQp + 16)
+    throw InvalidArgument("RdmaBackendConfig.max_cqe_num=" + std::to_string(s.maxCqe()) +
+                          " must exceed both max_send_wr (" + std::to_string(s.maxSendWr()) + ") and notif_per_qp + 16 (" +
+                          std::to_string(c.notifPerQp + 16) + ") (MORI_IO_QP_MAX_CQE)");
+
   if (auto d = env::GetString("MORI_RDMA_DEVICES")) s.devices = *d;
   s.gidIndex = static_cast<int>(env::GetInt("MORI_IB_GID_INDEX", s.gidIndex));
   Check(s.gidIndex >= -1 && s.gidIndex <= 255, "MORI_IB_GID_INDEX", s.gidIndex, "in [0, 255] (or unset)");
