@@ -35,7 +35,10 @@ __device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
-__device__ __forceinline__ void Backoff() { __builtin_amdgcn_s_sleep(1); }
+__device__ __forceinline__ void Backoff(uint32_t ns) {
+  if (ns) __builtin_amdgcn_s_sleep(1);
+}
+__device__ __forceinline__ int ShflIdx(int v, int src) { return __shfl(v, src); }
 __device__ __forceinline__ int4 LoadStream(const int4* p) {
   typedef int NativeInt4 __attribute__((ext_vector_type(4)));
   const NativeInt4 v = __builtin_nontemporal_load(reinterpret_cast<const NativeInt4*>(p));
@@ -70,7 +73,12 @@ __device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
 }
 __device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) { return atomicAdd_system(p, v); }
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
-__device__ __forceinline__ void Backoff() {}
+// Polling backoff: a tight spin of many threads on one flag floods the L2
+// slice that also absorbs the peers' incoming NVLink writes.
+__device__ __forceinline__ void Backoff(uint32_t ns) {
+  if (ns) __nanosleep(ns);
+}
+__device__ __forceinline__ int ShflIdx(int v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 // Read-only input: non-coherent path, no L1 allocation (streamed once).
 __device__ __forceinline__ int4 LoadStream(const int4* p) {
   int4 v;

@@ -21,7 +21,7 @@
 namespace mori::ep {
 namespace dev {
 
-constexpr int kCopyUnroll = 4;
+constexpr int kCopyUnroll = 8;  // push rows: one destination each, so keep more loads in flight
 
 template <typename Tag, int kWorld>
 struct CombineShape {
@@ -54,6 +54,8 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
   const uint32_t round = st->combine_epoch + 1;
+  // The previous launch used the other queue and has completed: clear it for the next one.
+  if (blockIdx.x == 0 && threadIdx.x == 0) st->combine_items[(round + 1) & 1] = 0;
   const int world = g.world, vecs = p.row_bytes / 16, lane = LaneId();
   const int nwarps = blockDim.x / kWarpSize;
   const int gwarp = blockIdx.x * nwarps + threadIdx.x / kWarpSize, total_warps = gridDim.x * nwarps;
@@ -115,7 +117,16 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   // Phase 1: out[t] = sum over t's destination ranks of their row for t (fp32).
   const int n = p.num_tokens;
   const RowSplit sp(n, total_warps, vecs);
-  for (int item = gwarp; item < sp.items; item += total_warps) {
+  // Every warp starts with its own item; when there are more items than warps
+  // the rest come from a grid-wide queue (tokens have 1..world sources, so a
+  // static split finishes unevenly). The next item is fetched while the
+  // current one is processed. Few items: no queue, so no atomic contention.
+  int32_t* queue = &st->combine_items[round & 1];
+  const bool use_queue = sp.items > total_warps;
+  int item = gwarp;
+  while (item < sp.items) {
+    int next = sp.items;
+    if (use_queue && lane == 0) next = total_warps + atomicAdd(queue, 1);
     const int t = item % n, part = item / n;
     uint32_t bit = 0;
     if (lane < g.topk) {
@@ -183,6 +194,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
       }
       a.buf.combine_out_weights[static_cast<size_t>(t) * g.topk + lane] = w;
     }
+    item = use_queue ? ShflIdx(next, 0) : sp.items;
   }
 }
 

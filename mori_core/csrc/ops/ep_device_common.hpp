@@ -60,11 +60,17 @@ static __device__ __noinline__ bool WaitRoundOn(const uint32_t* flag, uint32_t r
                                          EpErrorRecord* err, int phase, int peer) {
   if (ReachedRound(LoadAcquireSys(flag), round)) return true;
   const uint64_t start = GlobalTimerNs();
+  uint32_t sleep_ns = 0;  // tight polls first (short waits stay short), then back off
+  int tight = 2;
   while (true) {
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < 8; ++i) {
       if (ReachedRound(LoadAcquireSys(flag), round)) return true;
-      Backoff();
+      Backoff(sleep_ns);
     }
+    if (tight > 0)
+      --tight;
+    else
+      sleep_ns = sleep_ns == 0 ? 64 : (sleep_ns >= 1024 ? 1024 : sleep_ns * 2);
     if (*reinterpret_cast<volatile int32_t*>(&st->failed) != 0) return false;
     if (GlobalTimerNs() - start > timeout_ns) {
       ReportErrorTo(st, err, kErrTimeout, phase, peer, round,

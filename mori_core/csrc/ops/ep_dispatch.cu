@@ -19,7 +19,13 @@
 namespace mori::ep {
 namespace dev {
 
-constexpr int kDispatchUnroll = 4;  // 16-byte vectors in flight per lane
+// 16-byte vectors each lane loads before storing them to every destination:
+// more bytes in flight per load latency; 4 at world 8 keeps 8 destination
+// pointers and the vectors within 128 registers.
+template <int kWorld>
+struct DispatchUnroll {
+  static constexpr int value = kWorld <= 4 ? 8 : 4;
+};
 
 // Copies `bytes` bytes from src to dst with the widest access both allow.
 __device__ __forceinline__ void CopySmall(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
@@ -51,6 +57,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   if (OpFailed(a)) return;
   const uint32_t round = st->dispatch_epoch + 1;
   int32_t* counter = a.buf.recv_counter + (round & 1);
+  constexpr int kDispatchUnroll = DispatchUnroll<kWorld>::value;
   const int world = g.world, n = p.num_tokens, vecs = p.row_bytes / 16;
   const int chunk = (n + gridDim.x - 1) / gridDim.x;
   const int begin = min(n, static_cast<int>(blockIdx.x) * chunk), end = min(n, begin + chunk);

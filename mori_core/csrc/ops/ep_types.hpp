@@ -43,6 +43,7 @@ struct EpSyncState {
   int32_t dispatch_tokens;   // tokens this rank sent in the last dispatch
   int32_t failed;            // set once any kernel of this op reported an error
   int32_t error_claim;       // first reporter wins
+  int32_t combine_items[2];  // combine work queue heads, by round parity (each launch clears the other)
 };
 
 struct EpGeometry {

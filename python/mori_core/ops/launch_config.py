@@ -1,0 +1,90 @@
+"""Launch parameters of the EP kernels: per-call overrides, AUTO tables, config defaults.
+
+Resolution order for each of ``block_num`` / ``warp_per_block``:
+explicit per-call value (> 0)  >  AUTO table (``MORI_EP_LAUNCH_CONFIG_MODE=AUTO``)  >  config.
+
+The AUTO tables hold values measured with ``python -m mori_core.bench ep --sweep`` on
+4×H200 (EP2 and EP4, hidden 7168, top-8 of 256); H100 shares the Hopper table (same SM
+count), EP8 uses the EP4 table. Other GPUs fall back to "one block per SM, 8 warps".
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+LAUNCH_MODE_ENV = "MORI_EP_LAUNCH_CONFIG_MODE"
+
+
+@dataclass(frozen=True)
+class LaunchParams:
+    """Grid of one kernel launch."""
+
+    block_num: int
+    warp_per_block: int
+
+
+# (max tokens per rank, block_num, warp_per_block); the first row whose bound >= tokens wins.
+# Kernels: "dispatch", "combine_push", "combine_pull". Measured on 4x H200 (132 SMs) with
+# `python -m mori_core.bench ep --sweep` (hidden 7168, top-8 of 256, uniform routing):
+# dispatch is NVLink-bound beyond ~128 warps and slows down with more (see docs/ep.md).
+_BIG = 1 << 30
+_HOPPER_TABLES: dict[str, dict[str, list[tuple[int, int, int]]]] = {
+    "ep2": {
+        "dispatch": [(256, 64, 4), (1024, 132, 8), (_BIG, 132, 16)],
+        "combine_push": [(256, 132, 8), (1024, 132, 16), (_BIG, 264, 8)],
+        "combine_pull": [(256, 132, 4), (1024, 96, 8), (_BIG, 132, 8)],
+    },
+    "ep4+": {
+        "dispatch": [(256, 32, 4), (1024, 64, 4), (_BIG, 96, 4)],
+        "combine_push": [(256, 132, 8), (1024, 264, 8), (_BIG, 132, 16)],
+        "combine_pull": [(256, 132, 8), (1024, 96, 8), (_BIG, 132, 4)],
+    },
+}
+
+
+def launch_mode() -> str:
+    """"AUTO" or "MANUAL" (default) from MORI_EP_LAUNCH_CONFIG_MODE."""
+    mode = os.environ.get(LAUNCH_MODE_ENV, "MANUAL").strip().upper()
+    if mode not in ("AUTO", "MANUAL"):
+        raise ValueError(f"{LAUNCH_MODE_ENV}={mode!r} must be AUTO or MANUAL")
+    return mode
+
+
+def auto_params(kernel: str, num_tokens: int, sm_count: int, arch_major: int, world_size: int = 4) -> LaunchParams:
+    """Tuned (block_num, warp_per_block) for ``kernel`` at ``num_tokens`` tokens per rank.
+
+    Hopper (H100/H200) uses the measured tables (EP8 takes the EP4 table); other GPUs get one
+    block per SM with 8 warps. Block counts scale with the SM count of the device."""
+    if arch_major == 9 and sm_count >= 114:
+        table = _HOPPER_TABLES["ep2" if world_size <= 2 else "ep4+"][kernel]
+        for bound, blocks, warps in table:
+            if num_tokens <= bound:
+                return LaunchParams(max(1, blocks * sm_count // 132), warps)
+    return LaunchParams(sm_count, 8)
+
+
+def resolve(
+    kernel: str,
+    num_tokens: int,
+    block_num: int,
+    warp_per_block: int,
+    config_block_num: int,
+    config_warp_per_block: int,
+    sm_count: int,
+    arch_major: int,
+    mode: Optional[str] = None,
+    world_size: int = 4,
+) -> LaunchParams:
+    """Apply the resolution order documented in the module docstring."""
+    mode = launch_mode() if mode is None else mode
+    base = (
+        auto_params(kernel, num_tokens, sm_count, arch_major, world_size)
+        if mode == "AUTO"
+        else LaunchParams(config_block_num, config_warp_per_block)
+    )
+    return LaunchParams(
+        block_num if block_num > 0 else base.block_num,
+        warp_per_block if warp_per_block > 0 else base.warp_per_block,
+    )

@@ -1,0 +1,166 @@
+"""Multi-process helpers for the EP tests: spawn N ranks, run a function, collect failures.
+
+Every run is bounded: a rank that hangs is killed after ``timeout`` seconds and the test fails
+with the ranks' tracebacks. Data generation is deterministic per (seed, rank), so every rank
+can rebuild every other rank's inputs for the oracle without communicating.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import traceback
+from typing import Any, Callable, Optional
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """An ephemeral TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, fn: Callable, world_size: int, port: int, backend: str, kwargs: dict, results: Any) -> None:
+    import torch.distributed as dist
+
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            dist.init_process_group(
+                "cpu:gloo,cuda:nccl",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=world_size,
+                device_id=torch.device("cuda", rank),
+            )
+        elif backend == "gloo":
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        fn(rank, world_size, **kwargs)
+        results.put((rank, None))
+    except BaseException:  # report everything, including assertion failures
+        results.put((rank, traceback.format_exc()))
+    finally:
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_ranks(
+    fn: Callable,
+    world_size: int,
+    backend: Optional[str] = "gloo",
+    timeout: float = 120.0,
+    env: Optional[dict] = None,
+    **kwargs: Any,
+) -> None:
+    """Run ``fn(rank, world_size, **kwargs)`` in ``world_size`` spawned processes.
+
+    ``backend``: "gloo" (CPU), "nccl" (one GPU per rank, plus gloo for CPU tensors) or None
+    (no process group). Raises AssertionError with every failing rank's traceback.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    old_env = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        procs = [
+            ctx.Process(target=_worker, args=(r, fn, world_size, port, backend, kwargs, results), daemon=True)
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+    finally:
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    failures: dict[int, str] = {}
+    done: set[int] = set()
+    import time
+
+    deadline = time.monotonic() + timeout
+    while len(done) < world_size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            rank, err = results.get(timeout=min(remaining, 1.0))
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs) and results.empty():
+                break
+            continue
+        done.add(rank)
+        if err is not None:
+            failures[rank] = err
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    missing = sorted(set(range(world_size)) - done)
+    if missing:
+        failures.update({r: f"rank {r} did not finish within {timeout:.0f} s (or crashed)" for r in missing})
+    if failures:
+        msg = "\n".join(f"--- rank {r} ---\n{failures[r]}" for r in sorted(failures))
+        raise AssertionError(f"{len(failures)} of {world_size} ranks failed:\n{msg}")
+
+
+def make_routing(
+    num_tokens: int,
+    num_experts: int,
+    topk: int,
+    generator: torch.Generator,
+    drop_prob: float = 0.0,
+    out_of_range_prob: float = 0.0,
+) -> torch.Tensor:
+    """[num_tokens, topk] int32 distinct random experts per token, some replaced by -1 or by
+    out-of-range ids (>= num_experts) to exercise the dropping rules."""
+    if num_tokens == 0:
+        return torch.zeros(0, topk, dtype=torch.int32)
+    scores = torch.rand(num_tokens, num_experts, generator=generator)
+    idx = scores.topk(topk, dim=1).indices.to(torch.int32)
+    if drop_prob > 0:
+        drop = torch.rand(num_tokens, topk, generator=generator) < drop_prob
+        idx[drop] = -1
+    if out_of_range_prob > 0:
+        oor = torch.rand(num_tokens, topk, generator=generator) < out_of_range_prob
+        idx[oor] = num_experts + 3
+    return idx
+
+
+def rank_inputs(
+    seed: int,
+    rank: int,
+    num_tokens: int,
+    hidden: int,
+    num_experts: int,
+    topk: int,
+    dtype: torch.dtype,
+    scale_dim: int = 0,
+    drop_prob: float = 0.1,
+    out_of_range_prob: float = 0.02,
+) -> dict[str, torch.Tensor]:
+    """Deterministic CPU inputs of one rank: x, weights, scales (float32 or None), indices."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    x = torch.randn(num_tokens, hidden, generator=g)
+    if dtype.is_floating_point and torch.empty(0, dtype=dtype).element_size() == 1:
+        x = x.clamp(-8, 8)
+    return {
+        "x": x.to(dtype),
+        "weights": torch.rand(num_tokens, topk, generator=g),
+        "scales": torch.rand(num_tokens, scale_dim, generator=g) if scale_dim > 0 else None,
+        "indices": make_routing(num_tokens, num_experts, topk, g, drop_prob, out_of_range_prob),
+    }
+
+
+def unique_dest_ranks(indices_row: list[int], num_experts: int, experts_per_rank: int) -> list[int]:
+    """Sorted unique destination ranks of one token (the oracle's independent definition)."""
+    return sorted({e // experts_per_rank for e in indices_row if 0 <= e < num_experts})

@@ -1,0 +1,382 @@
+"""GPU tests of the IntraNode EP kernels (2 and 4 GPUs; skipped without GPUs).
+
+Oracles: dispatch rows are checked bit-exactly against the source rank's tensors through
+``get_dispatch_src_token_pos``; combine is checked bit-exactly against
+ReferenceEpDispatchCombineOp over the same NCCL group (both sum fp32 in rank order).
+Run on the GPU machine with ``bash tools/gpu/ep.sh``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+from ep_dist_utils import make_routing, run_ranks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+
+HIDDEN_BIG = 7168
+NUM_EXPERTS = 256
+TOPK = 8
+
+
+def _visible_gpus() -> int:
+    try:
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def _need(world: int) -> None:
+    if _visible_gpus() < world:
+        pytest.skip(f"needs {world} GPUs, {_visible_gpus()} visible")
+
+
+# ----------------------------------------------------------------------------- helpers (run in ranks)
+def _init_shmem() -> None:
+    import torch.distributed as dist
+
+    import mori_core.shmem as shmem
+
+    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    shmem.shmem_torch_process_group_init("default")
+
+
+def _config(rank, world, hidden, max_tok, scale_dim=0, max_total_recv=0, push=True, max_type=4):
+    from mori_core.ops import EpDispatchCombineConfig
+
+    return EpDispatchCombineConfig(
+        data_type=torch.bfloat16,
+        rank=rank,
+        world_size=world,
+        hidden_dim=hidden,
+        scale_dim=scale_dim,
+        scale_type_size=4,
+        max_token_type_size=max_type,
+        max_num_inp_token_per_rank=max_tok,
+        num_experts_per_rank=NUM_EXPERTS // world,
+        num_experts_per_token=TOPK,
+        max_total_recv_tokens=max_total_recv,
+        use_external_inp_buf=push,
+        block_num=64,
+        warp_num_per_block=8,
+    )
+
+
+def _all_inputs(seed, world, counts, hidden, dtype, scale_dim, device):
+    """Every rank's inputs (same on every rank), padded to [world, max(counts)]."""
+    out = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(seed * 100 + r)
+        n = counts[r]
+        x = torch.randn(n, hidden, generator=g)
+        if dtype.itemsize == 1:
+            x = x.clamp(-6, 6)
+        idx = make_routing(n, NUM_EXPERTS, TOPK, g, drop_prob=0.05, out_of_range_prob=0.01)
+        out.append(
+            {
+                "x": x.to(dtype).to(device),
+                "w": torch.rand(n, TOPK, generator=g).to(device),
+                "s": torch.rand(n, scale_dim, generator=g).to(device) if scale_dim else None,
+                "idx": idx.to(device),
+            }
+        )
+    return out
+
+
+def _check_dispatch(op, cfg, data, res):
+    """Bit-exact dispatch check of this rank's receive buffers against every source."""
+    out, out_w, out_s, out_idx, total = res
+    rank, world = cfg.rank, cfg.world_size
+    pos = op.get_dispatch_src_token_pos().to(torch.int64)
+    n = int(total[0])
+    assert pos.numel() == n
+    assert torch.unique(pos).numel() == n, "a source token arrived twice"
+    stride = cfg.max_num_tokens_to_send()
+    s, t = pos // stride, pos % stride
+    exp = []
+    for r in range(world):
+        idx = data[r]["idx"].to(torch.int64)
+        valid = (idx >= 0) & (idx < NUM_EXPERTS)
+        hit = ((idx // cfg.num_experts_per_rank == rank) & valid).any(dim=1)
+        exp.append(r * stride + torch.nonzero(hit).flatten())
+    exp = torch.cat(exp).sort().values
+    assert torch.equal(pos.sort().values, exp), "received set differs from the routing"
+    for i_r in range(world):
+        sel = s == i_r
+        if not bool(sel.any()):
+            continue
+        rows = torch.nonzero(sel).flatten()
+        tt = t[sel]
+        assert torch.equal(out[rows].view(torch.uint8), data[i_r]["x"][tt].view(torch.uint8))
+        assert torch.equal(out_w[rows], data[i_r]["w"][tt])
+        assert torch.equal(out_idx[rows], data[i_r]["idx"][tt])
+        if out_s is not None:
+            assert torch.equal(out_s[rows], data[i_r]["s"][tt])
+    return n
+
+
+def _expert(out, n, rank, dtype=torch.bfloat16):
+    return (out[:n].to(torch.float32) * (rank + 1)).to(dtype)
+
+
+def _round(op, ref, cfg, data, push, dtype, comb_dtype, weights_in_place, launch=(-1, -1), call_count=True):
+    """One dispatch/combine round on the GPU op and the reference; bit-exact checks."""
+    rank = cfg.rank
+    mine = data[rank]
+    bn, wpb = launch
+    res = op.dispatch(
+        mine["x"], mine["w"], mine["s"], mine["idx"], block_num=bn, warp_per_block=wpb, call_local_expert_count=call_count
+    )
+    n = _check_dispatch(op, cfg, data, res)
+    out, out_w = res[0], res[1]
+    if call_count:
+        lo = rank * cfg.num_experts_per_rank
+        e = res[3][:n].to(torch.int64).flatten()
+        e = e[(e >= lo) & (e < lo + cfg.num_experts_per_rank)] - lo
+        assert torch.equal(op.local_expert_count, torch.bincount(e, minlength=cfg.num_experts_per_rank).to(torch.int32))
+    ref_res = ref.dispatch(mine["x"], mine["w"], mine["s"], mine["idx"])
+    ref_n = int(ref_res[4][0])
+    assert ref_n == n
+    y = _expert(out, n, rank, comb_dtype)
+    weights = out_w if weights_in_place else out_w[:n].clone()
+    if push:
+        comb_in = torch.zeros(n + 3, out.shape[1], dtype=comb_dtype, device=out.device)
+        comb_in[:n] = y
+    else:
+        reg = op.get_registered_combine_input_buffer(comb_dtype, out.shape[1])
+        reg[:n] = y
+        comb_in = reg
+    comb, comb_w = op.combine(
+        comb_in, weights, mine["idx"], block_num=bn, warp_per_block=wpb, use_external_inp_buf=int(push)
+    )
+    ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), out.shape[1], dtype=comb_dtype, device=out.device)
+    ref_in[:n] = _expert(ref_res[0], n, rank, comb_dtype)
+    ref_comb, ref_comb_w = ref.combine(ref_in, ref_res[1], mine["idx"], use_external_inp_buf=1)
+    ntok = mine["x"].shape[0]
+    torch.cuda.synchronize()
+    op.check_error()
+    if not torch.equal(comb[:ntok], ref_comb[:ntok]):
+        d = (comb[:ntok].float() - ref_comb[:ntok].float()).abs()
+        raise AssertionError(f"combine differs from the reference: max |diff| {d.max().item()} at {d.argmax().item()}")
+    assert torch.equal(comb_w[:ntok], ref_comb_w[:ntok])
+
+
+def _suite(rank: int, world: int) -> None:
+    """Matrix of dtypes / hidden sizes / modes with ragged token counts, then graphs, then
+    1000 back-to-back rounds, then error reporting."""
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp, EpOpError, ReferenceEpDispatchCombineOp
+
+    _init_shmem()
+    dev = torch.device("cuda", rank)
+    fp8 = torch.float8_e4m3fn
+    cases = [
+        # hidden, dtype, scale_dim, comb_dtype, push, weights_in_place
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True),
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, True),
+        (HIDDEN_BIG, fp8, 56, torch.bfloat16, False, False),
+        (HIDDEN_BIG, fp8, 56, torch.bfloat16, True, False),
+        (4096, torch.float32, 0, torch.float32, True, True),
+        (4096, torch.float32, 0, torch.float32, False, False),
+        (4096, torch.bfloat16, 32, torch.bfloat16, False, True),
+    ]
+    max_tok = 192
+    for ci, (hidden, dtype, scale_dim, comb_dtype, push, in_place) in enumerate(cases):
+        cfg = _config(rank, world, hidden, max_tok, scale_dim=scale_dim, push=push)
+        op = EpDispatchCombineOp(cfg)
+        ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
+        for rnd in range(3):
+            g = torch.Generator().manual_seed(1000 * ci + rnd)
+            counts = torch.randint(0, max_tok + 1, (world,), generator=g).tolist()
+            counts[(ci + rnd) % world] = 0  # a rank with no tokens every round
+            counts[(ci + rnd + 1) % world] = max_tok
+            data = _all_inputs(1000 * ci + rnd, world, counts, hidden, dtype, scale_dim, dev)
+            # Per-call launch overrides: config default, few blocks with odd warps, a full grid.
+            launch = [(-1, -1), (7, 3), (132, 16)][rnd]
+            _round(op, ref, cfg, data, push, dtype, comb_dtype, in_place, launch=launch)
+        op.close()
+        dist.barrier()
+
+    # CUDA graph capture and replay with fresh data in the captured tensors every replay.
+    cfg = _config(rank, world, HIDDEN_BIG, 128, push=True, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
+    n_tok = 96 + 8 * rank
+    static = _all_inputs(77, world, [96 + 8 * r for r in range(world)], HIDDEN_BIG, torch.bfloat16, 0, dev)[rank]
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            out, out_w, _, out_idx, total = op.dispatch(static["x"], static["w"], None, static["idx"])
+            y = (out.to(torch.float32) * (rank + 1)).to(torch.bfloat16)
+            comb_g, comb_w_g = op.combine(y, out_w, static["idx"], use_external_inp_buf=1)
+    torch.cuda.synchronize()
+    dist.barrier()
+    for rep in range(5):
+        data = _all_inputs(500 + rep, world, [96 + 8 * r for r in range(world)], HIDDEN_BIG, torch.bfloat16, 0, dev)
+        for k in ("x", "w", "idx"):
+            static[k].copy_(data[rank][k])
+        torch.cuda.synchronize()
+        dist.barrier()
+        graph.replay()
+        torch.cuda.synchronize()
+        op.check_error()
+        _check_dispatch(op, cfg, data, (out, out_w, None, out_idx, total))
+        ref_res = ref.dispatch(static["x"], static["w"], None, static["idx"])
+        n = int(ref_res[4][0])
+        assert int(total[0]) == n
+        ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), HIDDEN_BIG, dtype=torch.bfloat16, device=dev)
+        ref_in[:n] = _expert(ref_res[0], n, rank)
+        ref_comb, ref_comb_w = ref.combine(ref_in, ref_res[1], static["idx"], use_external_inp_buf=1)
+        assert torch.equal(comb_g[:n_tok], ref_comb[:n_tok]), f"graph replay {rep}: combine differs"
+        assert torch.equal(comb_w_g[:n_tok], ref_comb_w[:n_tok])
+    del graph
+    op.close()
+    dist.barrier()
+
+    # 1000 back-to-back rounds, no host synchronisation. Identity experts; the input flips
+    # sign every round, so round i's combine sum is exactly (-1)^i times round 0's.
+    cfg = _config(rank, world, HIDDEN_BIG, 128, push=False, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    mine = _all_inputs(9, world, [128] * world, HIDDEN_BIG, torch.bfloat16, 0, dev)[rank]
+    x = mine["x"].clone()
+    rounds = 1000
+    sums = torch.zeros(rounds, dtype=torch.float64, device=dev)
+    reg = op.get_registered_combine_input_buffer(torch.bfloat16)
+    torch.cuda.synchronize()
+    dist.barrier()
+    for i in range(rounds):
+        out, out_w, _, _, total = op.dispatch(x, mine["w"], None, mine["idx"])
+        reg.copy_(out)  # capacity rows: no host read of total_recv inside the loop
+        comb, _ = op.combine(reg, out_w, mine["idx"], use_external_inp_buf=0)
+        sums[i] = comb[:128].to(torch.float64).sum()
+        x.neg_()
+    torch.cuda.synchronize()
+    op.check_error()
+    sums = sums.cpu()
+    assert sums[0] != 0
+    assert torch.all(sums[0::2] == sums[0]) and torch.all(sums[1::2] == -sums[0]), "a round produced different data"
+    idx = mine["idx"].to(torch.int64)
+    valid = (idx >= 0) & (idx < NUM_EXPERTS)
+    dest = torch.where(valid, idx // cfg.num_experts_per_rank, torch.full_like(idx, world))
+    ndest = torch.zeros(128, world + 1, dtype=torch.bool, device=dev).scatter_(1, dest, True)[:, :world].sum(1)
+    last = mine["x"].float() * (1.0 if (rounds - 1) % 2 == 0 else -1.0)
+    assert torch.equal(comb[:128], (last * ndest[:, None]).to(torch.bfloat16))
+    op.close()
+    dist.barrier()
+
+    # Error reporting: capacity overflow on both ends, routing mismatch at combine.
+    cfg = _config(rank, world, 256, 16, max_total_recv=8, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    x = torch.ones(16, 256, dtype=torch.bfloat16, device=dev)
+    idx = torch.zeros(16, TOPK, dtype=torch.int32, device=dev)  # all to expert 0 on rank 0
+    dist.barrier()
+    op.dispatch(x, None, None, idx)
+    with pytest.raises(EpOpError, match="capacity"):
+        op.check_error()
+    with pytest.raises(EpOpError):
+        op.dispatch(x, None, None, idx)  # the op stays failed
+    op.close()
+    dist.barrier()
+
+    cfg = _config(rank, world, 256, 16, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    idx = torch.arange(16 * TOPK, dtype=torch.int32, device=dev).view(16, TOPK) % NUM_EXPERTS
+    res = op.dispatch(x, None, None, idx)
+    other = (idx + cfg.num_experts_per_rank) % NUM_EXPERTS  # every token to the next rank instead
+    dist.barrier()
+    op.combine(res[0], None, other)
+    with pytest.raises(EpOpError, match="routing"):
+        op.check_error()
+    op.close()
+    dist.barrier()
+
+    import mori_core.shmem as shmem
+
+    shmem.shmem_finalize()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ep_suite(world: int) -> None:
+    _need(world)
+    run_ranks(_suite, world, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "6G"})
+
+
+def _timeout(rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp, EpOpError
+
+    _init_shmem()
+    cfg = _config(rank, world, 256, 16, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    dev = torch.device("cuda", rank)
+    x = torch.ones(16, 256, dtype=torch.bfloat16, device=dev)
+    idx = torch.zeros(16, TOPK, dtype=torch.int32, device=dev)
+    if rank == 0:
+        op.timeout_ms = 300
+        op.dispatch(x, None, None, idx)  # rank 1 never dispatches
+        with pytest.raises(EpOpError, match="timed out .* waiting for peer rank 1"):
+            op.check_error()
+    dist.barrier()
+    import mori_core.shmem as shmem
+
+    shmem.shmem_finalize()
+
+
+def test_timeout_names_the_missing_peer() -> None:
+    _need(2)
+    run_ranks(_timeout, 2, backend="nccl", timeout=180)
+
+
+def _shmem_uid(rank: int, world: int, path: str) -> None:
+    """shmem over a unique id, without torch.distributed: peer writes land in our heap."""
+    import time
+
+    import mori_core.shmem as shmem
+    from mori_core.ops.dispatch_combine import _byte_view
+
+    torch.cuda.set_device(rank)
+    if rank == 0:
+        uid = shmem.shmem_get_unique_id()
+        with open(path + ".tmp", "wb") as f:
+            f.write(uid)
+        os.rename(path + ".tmp", path)
+    else:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path):
+            assert time.monotonic() < deadline, "rank 0 never wrote the unique id"
+            time.sleep(0.05)
+        uid = open(path, "rb").read()
+    assert shmem.shmem_init_attr(shmem.MORI_SHMEM_INIT_WITH_UNIQUEID, rank, world, uid) == 0
+    assert shmem.shmem_mype() == rank and shmem.shmem_npes() == world
+    dev = torch.device("cuda", rank)
+    n = 1 << 20
+    ptr = shmem.shmem_malloc(n * 4)
+    mine = _byte_view(ptr, n * 4, dev).view(torch.int32)
+    mine.fill_(-1)
+    shmem.shmem_barrier_all()
+    peer = (rank + 1) % world
+    payload = torch.arange(n, dtype=torch.int32, device=dev) + rank * n
+    from mori_core import _C
+
+    _C.shmem_memcpy(shmem.shmem_ptr_p2p(ptr, rank, peer), payload.data_ptr(), n * 4)  # lands in peer's heap
+    shmem.shmem_barrier_all()
+    src = (rank - 1) % world
+    assert torch.equal(mine, torch.arange(n, dtype=torch.int32, device=dev) + src * n)
+    with pytest.raises(RuntimeError, match="MORI_SHMEM_HEAP_SIZE"):
+        shmem.shmem_malloc(1 << 50)
+    shmem.shmem_free(ptr)
+    shmem.shmem_finalize()
+
+
+def test_shmem_unique_id_without_torch_distributed() -> None:
+    _need(2)
+    with tempfile.TemporaryDirectory() as d:
+        run_ranks(_shmem_uid, 2, backend=None, timeout=180, path=os.path.join(d, "uid"))
