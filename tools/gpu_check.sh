@@ -19,11 +19,12 @@ fi
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 t0=$(date +%s)
-if ! MORI_CUDA_ARCH=${MORI_CUDA_ARCH:-90} python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
+if ! CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) MORI_CUDA_ARCH=${MORI_CUDA_ARCH:-90} python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
   tail -50 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
 python3 -c "import mori_core; print('build info', mori_core.build_info())"
+export MORI_GPU_CHECK_BUILT=1
 
 sections=("$@")
 if [ ${#sections[@]} -eq 0 ]; then
