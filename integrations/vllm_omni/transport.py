@@ -119,8 +119,11 @@ class OmniTransport:
         try:
             self.engine_key = (f"{name}-{settings.role}-s{settings.stage_id}-tp{settings.tp_rank}-"
                                f"{uuid.uuid4().hex[:8]}-pid{os.getpid()}")
+            # backend_type 'tcp' (or 'rdma') means exactly that: keep the core from
+            # adding its automatic same-node XGMI route on GPU hosts.
             self.engine = io.IOEngine(self.engine_key, io.IOEngineConfig(
-                host=settings.host, port=0, auth_secret=settings.auth_secret))
+                host=settings.host, port=0, auth_secret=settings.auth_secret,
+                enable_auto_xgmi=settings.backend_type in ("auto", "xgmi")))
             self.backends = self._create_backends()
             self.pool = MemoryPool(settings.memory_pool_size, settings.memory_pool_device)
             self.pool.register(self.engine)
@@ -164,7 +167,10 @@ class OmniTransport:
                                        f"cannot be created here: {exc}") from exc
                 self.unavailable_backends["xgmi"] = str(exc)
                 logger.info("XGMI backend unavailable (%s); GPU pools move over TCP", exc)
-        return made
+        # What the engine really has: on a GPU host the core adds XGMI by itself
+        # with backend_type 'auto' (it then also serves CPU-pool -> GPU-pool writes).
+        have = {str(b).split(".")[-1].lower() for b in self.engine.backends()}
+        return made + sorted(have - set(made))
 
     @property
     def listening(self) -> bool:

@@ -52,8 +52,9 @@ def test_payload_between_pools_on_two_gpus(stages, src: str, dst: str, nbytes: i
     assert got["device"] == receiver.info["pool_device"]
     routes = sender.call("stats")["routes"]
     used = {k: routes.get(k, 0) - before.get(k, 0) for k in routes if routes.get(k, 0) != before.get(k, 0)}
-    gpu_pair = src.startswith("cuda") and dst.startswith("cuda")
-    expected = "XGMI" if gpu_pair and "xgmi" in sender.info["backends"] else "TCP"
+    # XGMI serves the initiator's GPU or CPU memory -> a GPU pool in another
+    # process; a remote CPU pool is only reachable over TCP.
+    expected = "XGMI" if dst.startswith("cuda") and "xgmi" in sender.info["backends"] else "TCP"
     assert used == {expected: 1}, (used, sender.info)
     assert sender.call("stats")["pool_used_bytes"] == 0 and receiver.call("stats")["pool_used_bytes"] == 0
 
