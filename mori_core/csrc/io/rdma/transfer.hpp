@@ -12,42 +12,15 @@
 #include <string>
 
 #include "io/common.hpp"
-#include "io/memory_table.hpp"
+#include "io/multipart_transfer.hpp"
 
 namespace mori::io::rdma {
 
-struct RdmaTransfer {
-  StatusPtr status;
-  RegionPin localPin;                // keeps the local region registered until the end
-  std::shared_ptr<void> keepAlive;   // QP group + memory regions the WRs reference
-  std::atomic<uint32_t> remaining{0};
+struct RdmaTransfer : MultiPartTransfer {
+  std::shared_ptr<void> keepAlive;  // QP group + memory regions the WRs reference
 
-  void PartDone(StatusCode code, const std::string& message) {
-    if (IsError(code)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!IsError(firstError_)) {
-        firstError_ = code;
-        firstMessage_ = message;
-      }
-    }
-    if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      StatusCode c;
-      std::string m;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        c = firstError_;
-        m = firstMessage_;
-      }
-      localPin = RegionPin();
-      keepAlive.reset();
-      status->Update(c, m);
-    }
-  }
-
- private:
-  std::mutex mu_;
-  StatusCode firstError_ = StatusCode::SUCCESS;
-  std::string firstMessage_;
+ protected:
+  void ReleaseResources() override { keepAlive.reset(); }
 };
 
 using TransferPtr = std::shared_ptr<RdmaTransfer>;

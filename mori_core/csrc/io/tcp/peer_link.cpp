@@ -78,7 +78,7 @@ Connection::~Connection() {
 void Connection::Resolve(const FramePtr& f, StatusCode code, const std::string& message) {
   // Caller holds no lock; `resolved` was claimed under mu_.
   outstanding_.fetch_sub(1);
-  f->xfer->FrameDone(code, message);
+  f->xfer->PartDone(code, message);
 }
 
 void Connection::Enqueue(FramePtr frame) {

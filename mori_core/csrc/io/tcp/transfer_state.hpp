@@ -11,7 +11,7 @@
 #include <string>
 
 #include "io/common.hpp"
-#include "io/memory_table.hpp"
+#include "io/multipart_transfer.hpp"
 #include "io/segments.hpp"
 #include "io/tcp/wire.hpp"
 
@@ -20,39 +20,10 @@
 
 namespace mori::io::tcp {
 
-struct TcpTransfer {
-  StatusPtr status;
-  RegionPin localPin;  // keeps the local region registered until the end
+struct TcpTransfer : MultiPartTransfer {
   uint8_t* localBase = nullptr;
   MemoryLocationType localLoc = MemoryLocationType::CPU;
   int localDevice = -1;
-  std::atomic<uint32_t> remaining{0};
-
-  void FrameDone(StatusCode code, const std::string& message) {
-    if (IsError(code)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!IsError(firstError_)) {
-        firstError_ = code;
-        firstMessage_ = message;
-      }
-    }
-    if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      StatusCode c;
-      std::string m;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        c = firstError_;
-        m = firstMessage_;
-      }
-      localPin = RegionPin();
-      status->Update(c, m);
-    }
-  }
-
- private:
-  std::mutex mu_;
-  StatusCode firstError_ = StatusCode::SUCCESS;
-  std::string firstMessage_;
 };
 
 // One request on the wire; `segments` hold local and remote offsets.
