@@ -32,6 +32,7 @@ Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
     Close();
     fd_ = o.fd_;
+    lowWater_ = o.lowWater_;
     o.fd_ = -1;
   }
   return *this;
@@ -131,13 +132,26 @@ bool Socket::RecvAll(void* data, size_t n, int64_t timeoutMs, std::string* err, 
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!WaitFor(POLLIN, timeoutMs, err, stop)) return false;
+      SetLowWater(n);
+      bool ok = WaitFor(POLLIN, timeoutMs, err, stop);
+      SetLowWater(1);
+      if (!ok) return false;
       continue;
     }
     if (err) *err = ErrnoText("recv");
     return false;
   }
   return true;
+}
+
+void Socket::SetLowWater(size_t missing) {
+  // Wake the waiting thread once (most of) the missing bytes are there
+  // instead of once per arriving segment; capped well below the receive
+  // buffer so the sender never stalls on it.
+  int want = static_cast<int>(std::min<size_t>(missing, 256 << 10));
+  if (want == lowWater_) return;
+  ::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want));
+  lowWater_ = want;
 }
 
 bool Socket::RecvV(const struct iovec* iovIn, size_t count, int64_t timeoutMs, std::string* err) {
@@ -159,7 +173,12 @@ bool Socket::RecvV(const struct iovec* iovIn, size_t count, int64_t timeoutMs, s
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!WaitFor(POLLIN, timeoutMs, err, nullptr)) return false;
+        size_t missing = 0;
+        for (size_t i = idx; i < iov.size(); ++i) missing += iov[i].iov_len;
+        SetLowWater(missing);
+        bool ok = WaitFor(POLLIN, timeoutMs, err, nullptr);
+        SetLowWater(1);
+        if (!ok) return false;
         continue;
       }
       if (err) *err = ErrnoText("recv");

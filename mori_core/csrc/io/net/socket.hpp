@@ -18,7 +18,7 @@ class Socket {
  public:
   Socket() = default;
   explicit Socket(int fd) : fd_(fd) {}
-  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket(Socket&& o) noexcept : fd_(o.fd_), lowWater_(o.lowWater_) { o.fd_ = -1; }
   Socket& operator=(Socket&& o) noexcept;
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
@@ -50,7 +50,9 @@ class Socket {
 
  private:
   bool WaitFor(short events, int64_t timeoutMs, std::string* err, const std::atomic<bool>* stop);
+  void SetLowWater(size_t missing);
   int fd_ = -1;
+  int lowWater_ = 1;
 };
 
 // Connects with a bounded wait; throws mori::BadState naming host, port and cause.
