@@ -196,7 +196,8 @@ IOEngine::Route IOEngine::Resolve(const MemoryDesc& local, const MemoryDesc& rem
     r.error = "local memory belongs to engine '" + local.engineKey + "', not to this engine '" + ctx_.key + "'";
     return r;
   }
-  if (!ctx_.memory.Contains(local.id)) {
+  r.region = ctx_.memory.Find(local.id);
+  if (!r.region) {
     r.code = StatusCode::ERR_NOT_FOUND;
     r.error = "local memory " + std::to_string(local.id) + " is not registered (deregistered?)";
     return r;
@@ -216,10 +217,9 @@ IOEngine::Route IOEngine::Resolve(const MemoryDesc& local, const MemoryDesc& rem
     r.error = "remote engine '" + remote.engineKey + "' is not registered (call register_remote_engine first)";
     return r;
   }
-  auto region = ctx_.memory.Find(local.id);
   for (BackendType t : kPreference) {
     auto it = backends_.find(t);
-    if (it != backends_.end() && region && it->second->CanHandle(region->desc, remote)) {
+    if (it != backends_.end() && it->second->CanHandle(r.region->desc, remote)) {
       r.backend = it->second.get();
       break;
     }
@@ -260,7 +260,7 @@ StatusPtr IOEngine::Submit(const MemoryDesc& local, const MemoryDesc& remote, Se
   std::shared_lock<std::shared_mutex> backendsLock(backendsMu_);
   Route route = Resolve(local, remote);
   if (!route.backend) return Finished(route.code, route.error);
-  auto region = ctx_.memory.Find(local.id);
+  const auto& region = route.region;
   RegionPin pin(region);
   if (!pin) return Finished(StatusCode::ERR_NOT_FOUND, "local memory " + std::to_string(local.id) + " was deregistered");
   std::string bad = CheckBounds(segs, region->desc.size, remote.size);
@@ -317,8 +317,7 @@ std::unique_ptr<IOEngineSession> IOEngine::CreateSession(const MemoryDesc& local
     if (why) *why = route.error;
     return nullptr;
   }
-  auto region = ctx_.memory.Find(local.id);
-  if (!region) return nullptr;
+  const auto& region = route.region;
   std::unique_ptr<BackendSession> s = route.backend->CreateSession(region->desc, remote);
   if (!s) {
     if (why) *why = std::string("backend ") + ToString(route.backend->Type()) + " could not build a session";

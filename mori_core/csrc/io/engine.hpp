@@ -93,6 +93,7 @@ class IOEngine {
   friend class IOEngineSession;
   struct Route {
     Backend* backend = nullptr;
+    std::shared_ptr<LocalRegion> region;  // the local region, looked up once
     StatusCode code = StatusCode::SUCCESS;
     std::string error;
   };
