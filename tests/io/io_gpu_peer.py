@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
-from typing import Any, Optional
+from typing import Any
+
+from io_peer import PeerProcess
 
 
 def _serve(pipe, key: str, backends: tuple, auto_xgmi: bool) -> None:
@@ -68,41 +67,13 @@ def _serve(pipe, key: str, backends: tuple, auto_xgmi: bool) -> None:
             pipe.send(e)
 
 
-class GpuTarget:
-    def __init__(self, key: str, backends=("TCP",), auto_xgmi: bool = True, visible: Optional[str] = None) -> None:
-        ctx = mp.get_context("spawn")
-        self._pipe, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, key, tuple(backends), auto_xgmi), daemon=True)
-        self.proc.start()
-        if not self._pipe.poll(120):
-            raise RuntimeError("GPU target did not start")
-        from mori_core.io import EngineDesc
+class GpuTarget(PeerProcess):
+    """A target engine with GPU (or pinned CPU) buffers; ``alloc`` registers one."""
 
-        self.desc = EngineDesc.unpack(self._pipe.recv())
-
-    def call(self, cmd: str, arg: Any = None, timeout: float = 120) -> Any:
-        self._pipe.send((cmd, arg))
-        if not self._pipe.poll(timeout):
-            raise TimeoutError(f"GPU target did not answer {cmd}")
-        r = self._pipe.recv()
-        if isinstance(r, Exception):
-            raise r
-        return r
+    def __init__(self, key: str, backends=("TCP",), auto_xgmi: bool = True) -> None:
+        super().__init__(_serve, (key, tuple(backends), auto_xgmi), start_timeout=120, call_timeout=120)
 
     def alloc(self, name: str, nbytes: int, device: int, offset: int = 0):
         from mori_core.io import MemoryDesc
 
         return MemoryDesc.unpack(self.call("alloc", (name, nbytes, device, offset)))
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.join(10)
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.call("stop", timeout=20)
-            except Exception:
-                pass
-        self.kill()

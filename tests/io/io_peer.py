@@ -58,24 +58,52 @@ def _serve(pipe, key: str, secret: str, tcp_kwargs: dict) -> None:
             return
 
 
-class TargetProcess:
-    """Spawns a target engine; ``region(size)`` gives a shared, registered buffer."""
+class PeerProcess:
+    """A target engine in a spawned process, driven by (command, argument) pairs over a pipe.
 
-    def __init__(self, key: str = "target", secret: str = "", **tcp_kwargs: Any) -> None:
+    The serve loop sends the packed EngineDesc first, then one reply per
+    command; a reply that is an exception is raised here.
+    """
+
+    def __init__(self, serve: Any, args: tuple, start_timeout: float, call_timeout: float) -> None:
         ctx = mp.get_context("spawn")
         self._pipe, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, key, secret, tcp_kwargs), daemon=True)
+        self._call_timeout = call_timeout
+        self.proc = ctx.Process(target=serve, args=(child, *args), daemon=True)
         self.proc.start()
-        if not self._pipe.poll(60):
-            raise RuntimeError("target process did not start")
+        if not self._pipe.poll(start_timeout):
+            raise RuntimeError(f"target process did not start within {start_timeout} s")
         self.desc = EngineDesc.unpack(self._pipe.recv())
-        self._shms: list[shared_memory.SharedMemory] = []
 
-    def call(self, cmd: str, arg: Any = None, timeout: float = 30) -> Any:
+    def call(self, cmd: str, arg: Any = None, timeout: Optional[float] = None) -> Any:
         self._pipe.send((cmd, arg))
-        if not self._pipe.poll(timeout):
+        if not self._pipe.poll(self._call_timeout if timeout is None else timeout):
             raise TimeoutError(f"target did not answer {cmd}")
-        return self._pipe.recv()
+        reply = self._pipe.recv()
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(10)
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.call("stop", timeout=20)
+            except Exception:
+                pass
+        self.kill()
+
+
+class TargetProcess(PeerProcess):
+    """A CPU target engine; ``region(size)`` gives a shared, registered buffer."""
+
+    def __init__(self, key: str = "target", secret: str = "", **tcp_kwargs: Any) -> None:
+        super().__init__(_serve, (key, secret, tcp_kwargs), start_timeout=60, call_timeout=30)
+        self._shms: list[shared_memory.SharedMemory] = []
 
     def region(self, size: int) -> tuple[memoryview, MemoryDesc]:
         shm = shared_memory.SharedMemory(create=True, size=size)
@@ -89,18 +117,8 @@ class TargetProcess:
     def pop(self, initiator_key: str, uid: int) -> Optional[int]:
         return self.call("pop", (initiator_key, uid))
 
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.join(10)
-
     def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.call("stop", timeout=10)
-            except Exception:
-                pass
-        self.kill()
+        super().close()
         for shm in self._shms:
             shm.close()
             shm.unlink()
