@@ -82,26 +82,12 @@ def check_dispatch_args(
         raise ValueError(
             f"input has {n} tokens, more than max_num_inp_token_per_rank={config.max_num_inp_token_per_rank}"
         )
-    if not 1 <= h <= config.hidden_dim:
-        raise ValueError(f"input hidden size {h} must be in [1, hidden_dim={config.hidden_dim}]")
-    if input.dtype not in allowed_dtypes:
-        raise ValueError(f"input dtype {input.dtype} is not supported; use one of {list(allowed_dtypes)}")
-    if input.element_size() > config.max_token_type_size:
-        raise ValueError(
-            f"input dtype {input.dtype} has {input.element_size()} bytes per element, more than "
-            f"max_token_type_size={config.max_token_type_size}"
-        )
-    _require_layout("input", input, device)
-
+    _check_rows(input, h, config, allowed_dtypes, device, dtype_label="input")
     topk = config.num_experts_per_token
-    indices = _require_tensor("indices", indices)
-    if indices.dtype != torch.int32:
-        raise ValueError(f"indices must be torch.int32 (MORI's top-k id dtype), got {indices.dtype}")
-    if tuple(indices.shape) != (n, topk):
-        raise ValueError(
-            f"indices must have shape [num_tokens={n}, num_experts_per_token={topk}], got {tuple(indices.shape)}"
-        )
-    _require_layout("indices", indices, device)
+    indices = _check_indices(
+        indices, (n, topk), device, dtype_hint=" (MORI's top-k id dtype)",
+        shape_hint=f"must have shape [num_tokens={n}, num_experts_per_token={topk}]",
+    )
 
     has_weights = weights is not None
     if weights is not None:
@@ -155,27 +141,12 @@ def check_combine_args(
     if input.dim() != 2:
         raise ValueError(f"input must be 2-D [rows, hidden_dim], got shape {tuple(input.shape)}")
     h = int(input.shape[1])
-    if not 1 <= h <= config.hidden_dim:
-        raise ValueError(f"input hidden size {h} must be in [1, hidden_dim={config.hidden_dim}]")
-    if input.dtype not in allowed_dtypes:
-        raise ValueError(f"combine input dtype {input.dtype} is not supported; use one of {list(allowed_dtypes)}")
-    if input.element_size() > config.max_token_type_size:
-        raise ValueError(
-            f"input dtype {input.dtype} has {input.element_size()} bytes per element, more than "
-            f"max_token_type_size={config.max_token_type_size}"
-        )
-    _require_layout("input", input, device)
-
+    _check_rows(input, h, config, allowed_dtypes, device, dtype_label="combine input")
     topk = config.num_experts_per_token
-    indices = _require_tensor("indices", indices)
-    if indices.dtype != torch.int32:
-        raise ValueError(f"indices must be torch.int32, got {indices.dtype}")
-    if tuple(indices.shape) != (dispatched_tokens, topk):
-        raise ValueError(
-            f"indices must be this rank's own routing passed to dispatch, shape "
-            f"[{dispatched_tokens}, {topk}]; got {tuple(indices.shape)}"
-        )
-    _require_layout("indices", indices, device)
+    indices = _check_indices(
+        indices, (dispatched_tokens, topk), device, dtype_hint="",
+        shape_hint=f"must be this rank's own routing passed to dispatch, shape [{dispatched_tokens}, {topk}];",
+    )
 
     if weights is None or weights.numel() == 0:
         return False
@@ -195,3 +166,29 @@ def resolve_combine_mode(config: EpDispatchCombineConfig, use_external_inp_buf: 
     if use_external_inp_buf not in (-1, 0, 1):
         raise ValueError(f"use_external_inp_buf must be -1 (config), 0 (zero-copy) or 1 (push), got {use_external_inp_buf}")
     return bool(config.use_external_inp_buf) if use_external_inp_buf < 0 else bool(use_external_inp_buf)
+
+
+def _check_rows(input: torch.Tensor, h: int, config, allowed_dtypes, device, dtype_label: str) -> None:
+    """Hidden size, dtype, element size and layout of a token-row tensor."""
+    if not 1 <= h <= config.hidden_dim:
+        raise ValueError(f"input hidden size {h} must be in [1, hidden_dim={config.hidden_dim}]")
+    if input.dtype not in allowed_dtypes:
+        raise ValueError(f"{dtype_label} dtype {input.dtype} is not supported; use one of {list(allowed_dtypes)}")
+    if input.element_size() > config.max_token_type_size:
+        raise ValueError(
+            f"input dtype {input.dtype} has {input.element_size()} bytes per element, more than "
+            f"max_token_type_size={config.max_token_type_size}"
+        )
+    _require_layout("input", input, device)
+
+
+def _check_indices(indices, shape: tuple, device, dtype_hint: str, shape_hint: str) -> torch.Tensor:
+    """int32 top-k ids of the given shape and layout; returns the checked tensor."""
+    indices = _require_tensor("indices", indices)
+    if indices.dtype != torch.int32:
+        raise ValueError(f"indices must be torch.int32{dtype_hint}, got {indices.dtype}")
+    if tuple(indices.shape) != shape:
+        sep = "" if shape_hint.endswith(";") else ","
+        raise ValueError(f"indices {shape_hint}{sep} got {tuple(indices.shape)}")
+    _require_layout("indices", indices, device)
+    return indices
