@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # MORI-EP on the GPU machine: build, GPU tests on 2 and 4 GPUs, benchmarks.
 #
-#   bash tools/gpu/ep.sh [stage ...]     stages: build test2 test4 bench4 bench2 sweep4 sweep2
-#                                        (default: build test2 test4 bench4 bench2)
+#   bash tools/gpu/ep.sh [stage ...]     stages: build test2 test4 bench4 bench2 sms2 sms4 sweep4 sweep2
+#                                        (default: build test2 test4 bench4 bench2 sms2; stages
+#                                        that need more GPUs than are visible are skipped)
+#   bench*: eager per-call latency, host time per call and graph replay per kernel (AUTO table);
+#   sms*:   the same with every kernel at 24 blocks (DeepEP's 24-SM setting).
 #   BENCH_ARGS overrides the bench options (default: --auto --iters 20, the tuned launch table).
 #
 # Logs and JSON go to $OUT (or ./out); a short summary is printed last.
@@ -12,7 +15,8 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 # Under tools/gpu_check.sh the suite is already built and installed.
-if [ "${MORI_GPU_CHECK_BUILT:-0}" = 1 ]; then STAGES=${*:-test2 test4 bench4 bench2}; else STAGES=${*:-build test2 test4 bench4 bench2}; fi
+if [ "${MORI_GPU_CHECK_BUILT:-0}" = 1 ]; then STAGES=${*:-test2 test4 bench4 bench2 sms2}; else STAGES=${*:-build test2 test4 bench4 bench2 sms2}; fi
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 cd "$(dirname "$0")/../.."
@@ -29,6 +33,9 @@ stage() {  # stage NAME TIMEOUT CMD...
 
 for s in $STAGES; do
   case $s in
+    *4) if [ "$NGPU" -lt 4 ]; then echo "$s: skipped ($NGPU GPUs visible)" | tee -a "$SUMMARY"; continue; fi ;;
+  esac
+  case $s in
     build)
       nvidia-smi -L >> "$OUT/build.log" 2>&1; nvidia-smi topo -m >> "$OUT/build.log" 2>&1
       stage build 240 "CMAKE_BUILD_PARALLEL_LEVEL=\$(nproc) MORI_CUDA_ARCH=90 $PY -m pip install -v --no-build-isolation --no-deps . && $PY -c 'import mori_core; print(mori_core.build_info())'"
@@ -43,6 +50,10 @@ for s in $STAGES; do
       stage bench4 120 "$PY -m mori_core.bench ep --world-size 4 --tokens 128,512,4096 --dtypes bf16,fp8 --json $OUT/bench_ep4.json ${BENCH_ARGS:---auto --iters 20}" ;;
     bench2)
       stage bench2 90 "CUDA_VISIBLE_DEVICES=0,1 $PY -m mori_core.bench ep --world-size 2 --tokens 128,512,4096 --dtypes bf16,fp8 --json $OUT/bench_ep2.json ${BENCH_ARGS:---auto --iters 20}" ;;
+    sms2)
+      stage sms2 90 "CUDA_VISIBLE_DEVICES=0,1 $PY -m mori_core.bench ep --world-size 2 --tokens 128,512,4096 --dtypes bf16,fp8 --sms 24 --json $OUT/bench_ep2_sms24.json" ;;
+    sms4)
+      stage sms4 120 "$PY -m mori_core.bench ep --world-size 4 --tokens 128,512,4096 --dtypes bf16,fp8 --sms 24 --json $OUT/bench_ep4_sms24.json" ;;
     sweep4)
       stage sweep4 240 "$PY -m mori_core.bench ep --world-size 4 --tokens 128,512,4096 --dtypes bf16,fp8 --sweep --iters 10 --json $OUT/sweep_ep4.json" ;;
     sweep2)
@@ -52,7 +63,7 @@ for s in $STAGES; do
 done
 
 echo; echo "===== summary"; cat "$SUMMARY"
-for f in bench4 bench2 sweep4 sweep2; do
+for f in bench4 bench2 sms2 sms4 sweep4 sweep2; do
   [ -f "$OUT/$f.log" ] && { echo "----- $f"; sed -n '/best per kernel/,$p' "$OUT/$f.log" | grep -E "^\||^###" | head -40; grep -q "best per kernel" "$OUT/$f.log" || grep -E "^\||^###" "$OUT/$f.log" | tail -40; }
 done
 exit 0
