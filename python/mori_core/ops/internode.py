@@ -223,7 +223,9 @@ class InterNodeEpDispatchCombineOp(EpDispatchCombineOp):
             shmem.shmem_free(self._ipc)
             raise
         # Same heap offset on every rank, and every rank zeroed its buffers before any peer writes.
-        shmem.verify_symmetric("ep_internode_offset", self._ipc)
+        from mori_core import _C
+
+        shmem.verify_symmetric("ep_internode_offset", self._ipc - int(_C.shmem_heap_info()["base"]))
         self._bufs = {name: _byte_view(ptr, size, self.device) for name, (ptr, size) in self._handle.buffers().items()}
         self._max_recv = config.max_num_tokens_to_recv()
         self._total_recv = self._bufs["total_recv"].view(torch.int32)[:1]
