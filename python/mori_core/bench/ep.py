@@ -65,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="store_true", help="sweep (block_num, warp_per_block) per kernel")
     p.add_argument("--json", default="", help="write all measurements to this file")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--kernel-type", default="IntraNode",
+                   help="comma-separated kernel types; any inter-node type (InterNode, InterNodeV1, InterNodeV1LL, "
+                        "AsyncLL) runs the inter-node benchmark (mori_core.bench.ep_internode)")
+    p.add_argument("--gpu-per-node", type=int, default=0, help="inter-node types: GPUs per node (default: all)")
+    p.add_argument("--rdma-block-num", type=int, default=-1, help="inter-node V1/V1LL: blocks staging network rows")
 
 
 # ----------------------------------------------------------------------------- per-rank work
@@ -275,6 +280,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.auto:
         os.environ["MORI_EP_LAUNCH_CONFIG_MODE"] = "AUTO"
+    if args.kernel_type != "IntraNode":
+        from mori_core.bench.ep_internode import run_internode
+
+        return run_internode(args)
     world = args.world_size or torch.cuda.device_count()
     if world < 1:
         print("ep benchmark: no GPU visible")

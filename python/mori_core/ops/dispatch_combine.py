@@ -19,6 +19,7 @@ import torch
 
 from mori_core.ops.config import (
     IMPLEMENTED_KERNEL_TYPES,
+    INTERNODE_KERNEL_TYPES,
     EpDispatchCombineConfig,
     EpDispatchCombineQuantType,
     decode_src_token_pos,
@@ -82,6 +83,14 @@ class EpDispatchCombineOp:
     on every rank first, with ``config.rank``/``config.world_size`` equal to the shmem
     rank/size. Construction is collective: every rank must create its ops in the same order.
     """
+
+    def __new__(cls, config: EpDispatchCombineConfig) -> "EpDispatchCombineOp":
+        """Inter-node kernel types are served by ``mori_core.ops.internode.InterNodeEpDispatchCombineOp``."""
+        if cls is EpDispatchCombineOp and normalize_kernel_type(config.kernel_type) in INTERNODE_KERNEL_TYPES:
+            from mori_core.ops.internode import InterNodeEpDispatchCombineOp
+
+            return super().__new__(InterNodeEpDispatchCombineOp)
+        return super().__new__(cls)
 
     def __init__(self, config: EpDispatchCombineConfig) -> None:
         config.validate()
