@@ -50,9 +50,9 @@ from mori_core.ops.dispatch_combine import (
     TIMEOUT_ENV,
     EpDispatchCombineOp,
     _byte_view,
-    _typed_view,
     gpu_ops_available,
 )
+from mori_core.ops.call_cache import typed_view as _typed_view
 from mori_core.ops.launch_config import LaunchParams, launch_mode, resolve_internode
 from mori_core.ops.validation import (
     COMBINE_DTYPES,
