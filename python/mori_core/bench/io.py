@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 from mori_core.bench.table import fmt_bytes, median, print_table
 from mori_core.io import StatusCode, wait_all
@@ -506,7 +506,7 @@ def _summary(args, results: list[Result], sizes, extra: dict, route: str) -> Non
         if "ce" in extra:
             ce = extra["ce"][msg]
             k = extra["kernel"][msg]
-            row += [ce[0], k["gpu_us"] or 0.0, r.lat_us - (k["gpu_us"] or 0.0)]
+            row += [ce[0], k["gpu_us"] or 0.0, r.lat_us - k["gpu_us"] if k["gpu_us"] else 0.0]
         rows.append(row)
     lone, lat, host = extra["lone"]
     row = [f"1 x {fmt_bytes(lone)}, one write alone", median(lat), median(host), lone / (median(lat) * 1e3)]

@@ -69,7 +69,7 @@ class KernelTimer:
                 with torch.cuda.stream(side):
                     launch(side.cuda_stream)  # warm-up outside the capture
                 torch.cuda.synchronize()
-                with torch.cuda.graph(g):
+                with torch.cuda.graph(g, capture_error_mode="thread_local"):
                     cur = torch.cuda.current_stream().cuda_stream
                     for _ in range(reps):
                         launch(cur)
@@ -111,7 +111,6 @@ class KernelTimer:
 
     def copy_engines(self, msg: int, batch: int) -> Optional[float]:
         """GPU time of ``batch`` separate copy-engine copies (one per segment) captured in a CUDA graph."""
-        torch = self.torch
         offs = [i * 2 * msg for i in range(batch)]
         pairs = [(self.dst[o:o + msg], self.src[o:o + msg]) for o in offs]
 
