@@ -9,6 +9,9 @@ void RegisterIo(pybind11::module_& m);
 #ifdef MORI_HAS_RDMA_BINDINGS
 void RegisterRdmaTesting(pybind11::module_& m);
 #endif
+#ifdef MORI_HAS_XGMI_BINDINGS
+void RegisterXgmiTesting(pybind11::module_& m);
+#endif
 #ifdef MORI_HAS_SHMEM_BINDINGS
 void RegisterShmem(pybind11::module_& m);
 #endif
