@@ -203,24 +203,13 @@ class MoriEpConfig:
         unless ``VLLM_MORI_EP_BLOCK_NUM`` / ``VLLM_MORI_EP_WARPS_PER_BLOCK`` are set."""
         from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
 
-        if self.kernel_type != "IntraNode":
-            return EpDispatchCombineConfig(
-                data_type=self.dispatch_dtype,
-                rank=self.rank,
-                world_size=self.world_size,
-                hidden_dim=self.hidden_dim,
-                scale_dim=self.scale_dim,
-                scale_type_size=torch.float32.itemsize if self.scale_dim else 0,
-                max_token_type_size=self.max_token_type_size(),
-                max_num_inp_token_per_rank=self.max_num_tokens_per_rank,
-                num_experts_per_rank=self.num_local_experts,
-                num_experts_per_token=self.num_experts_per_token,
-                warp_num_per_block=env_positive_int(ENV_WARPS_PER_BLOCK) or 8,
-                block_num=env_positive_int(ENV_BLOCK_NUM) or 96,
-                rdma_block_num=64,
-                kernel_type=EpDispatchCombineKernelType[self.kernel_type],
-                gpu_per_node=self.gpu_per_node,
-            )
+        if self.kernel_type == "IntraNode":
+            grid = dict(warp_num_per_block=launch.warp_num_per_block, block_num=launch.block_num,
+                        gpu_per_node=_pow2_at_least(self.world_size))
+        else:
+            grid = dict(warp_num_per_block=env_positive_int(ENV_WARPS_PER_BLOCK) or 8,
+                        block_num=env_positive_int(ENV_BLOCK_NUM) or 96, rdma_block_num=64,
+                        gpu_per_node=self.gpu_per_node)
         return EpDispatchCombineConfig(
             data_type=self.dispatch_dtype,
             rank=self.rank,
@@ -232,10 +221,8 @@ class MoriEpConfig:
             max_num_inp_token_per_rank=self.max_num_tokens_per_rank,
             num_experts_per_rank=self.num_local_experts,
             num_experts_per_token=self.num_experts_per_token,
-            warp_num_per_block=launch.warp_num_per_block,
-            block_num=launch.block_num,
-            kernel_type=EpDispatchCombineKernelType.IntraNode,
-            gpu_per_node=_pow2_at_least(self.world_size),
+            kernel_type=EpDispatchCombineKernelType[self.kernel_type],
+            **grid,
         )
 
 

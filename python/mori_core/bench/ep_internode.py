@@ -5,7 +5,8 @@ timed per op: as CUDA-graph replays of ``--ops-per-graph`` back-to-back launches
 with a CUDA event pair around back-to-back calls (medians). The host time per eager call is
 measured too. Bytes follow MORI's convention: received tokens (own included) x hidden x
 element size. The network share is split out as MORI does: network GB/s = total GB/s x
-(rows received from other nodes / rows received). NCCL ``all_to_all_single`` of the same rows
+(network rows / rows received), where network rows are the rows that physically cross the
+network (one per token and other node it hits: node-deduplicated). NCCL ``all_to_all_single`` of the same rows
 is timed in the same run as a baseline.
 """
 
@@ -32,6 +33,19 @@ def _host_us(fn: Any, iters: int) -> float:
         times.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     return statistics.median(times)
+
+
+def _network_rows(idx: Any, cfg: Any, gpn: int) -> int:
+    """Rows this rank sends over the network: one per (token, other node it hits). With the
+    symmetric uniform routing of the benchmark the mean over ranks equals the rows received."""
+    import torch
+
+    dest = idx.to(torch.int64) // cfg.num_experts_per_rank
+    nodes = cfg.world_size // gpn
+    hit = torch.zeros(idx.shape[0], nodes + 1, dtype=torch.bool, device=idx.device)
+    hit.scatter_(1, torch.where((idx >= 0) & (idx < cfg.num_experts), dest // gpn, nodes), True)
+    hit[:, cfg.rank // gpn] = False
+    return int(hit[:, :nodes].sum())
 
 
 def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
@@ -81,11 +95,9 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
                     dt = getattr(torch, DTYPES[dname])
                     x = x_bf16.to(dt) if dname != "fp8" else x_bf16.clamp(-6, 6).to(dt)
                     scales = torch.rand(n, cfg.scale_dim, device=dev) if dname == "fp8" and cfg.scale_dim else None
-                    res = op.dispatch(x, w, scales, idx)
-                    pos = op.get_dispatch_src_token_pos().to(torch.int64)
-                    recv = int(pos.numel())
-                    src_node = (pos // cfg.max_num_tokens_to_send()) // (gpn if kind != "IntraNode" else world)
-                    net_rows = int((src_node != rank // (gpn if kind != "IntraNode" else world)).sum())
+                    op.dispatch(x, w, scales, idx)
+                    recv = int(op.get_dispatch_src_token_pos().numel())
+                    net_rows = _network_rows(idx, cfg, gpn if kind != "IntraNode" else world)
                     fn = lambda: op.dispatch(x, w, scales, idx, block_num=args.dispatch_block_num,
                                              warp_per_block=args.dispatch_warp_per_block)
                     for timing, a in (("graph", args), ("eager", eager)):
@@ -177,7 +189,8 @@ def run_internode(args: argparse.Namespace) -> int:
                       m["gbps"] * (1 - frac), m["gbps"] * frac])
     print_table(title, headers, table,
                 note="GB/s = received rows (incl. own) x hidden x element size / time, mean over ranks; "
-                     "network GB/s = total x rows from other nodes / rows received (MORI's RDMA BW)")
+                     "network GB/s = total x network rows / rows received (MORI's RDMA BW; network rows are "
+                     "node-deduplicated, i.e. what crosses the NIC)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"world": world, "gpu_per_node": gpn, "args": vars(args), "rows": merged}, f, indent=1)

@@ -18,6 +18,7 @@ or without torch.distributed::
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Callable, Optional
 
 from mori_core.shmem.bootstrap import Bootstrap, new_unique_id, parse_unique_id
@@ -94,8 +95,14 @@ def shmem_init_attr(flags: int, rank: int, world_size: int, unique_id: Any) -> i
     device = torch.cuda.current_device()
     boot = Bootstrap.connect(uid, rank, world_size)
     try:
-        local = core.shmem_init_local(rank, world_size, device)
-        infos = boot.all_gather("heap", dict(local))
+        local = dict(core.shmem_init_local(rank, world_size, device))
+        local["host"] = socket.gethostname()
+        infos = boot.all_gather("heap", local)
+        # CUDA IPC reaches only the GPUs of this host: peers on other nodes stay unmapped (the
+        # inter-node EP kernels reach them through NVSHMEM instead).
+        for info in infos:
+            if info.pop("host") != local["host"]:
+                info["ipc_handle"] = b""
         sizes = {int(i["size"]) for i in infos}
         if len(sizes) != 1:
             raise RuntimeError(
