@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Inter-node MORI-EP kernel types on the 2-GPU machine (after the suite is built and installed).
 #
-#   bash tools/gpu/ep_internode.sh [stage ...]   stages: probe bringup test1 test2 timeout bench
-#                                                (default: all, in that order)
+#   bash tools/gpu/ep_internode.sh [stage ...]   stages: probe p2p test1 test2 timeout bringup nettest1 bench
+#                                                (default: probe p2p test1 test2 timeout bringup nettest1)
+# p2p:      bring-up self test on NVSHMEM's default transports (NVLink P2P between the two GPUs);
+#           test1/test2/timeout then run the kernels in that mode (the device code is the same:
+#           nvshmem put-with-signal, only the transport under it differs).
+# bringup:  tries NVSHMEM forced onto its network transport (P2P off); nettest1 reruns test1 in
+#           the first network mode whose self test passed.
 # gpu_per_node=1 makes each GPU its own "node". The bring-up tries NVSHMEM forced onto its
 # network transport (P2P off, UCX over TCP) first. The first configuration whose
 # put-with-signal self test passes is used for test1/timeout/bench. When none does (for
@@ -16,7 +21,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/../.."
-STAGES=${*:-probe bringup test1 test2 timeout bench}
+STAGES=${*:-probe p2p test1 test2 timeout bringup nettest1}
 SUMMARY="$OUT/internode_summary.txt"
 : > "$SUMMARY"
 PYTEST="$PY -m pytest -q -x -p no:cacheprovider -o addopts= -s"
@@ -38,7 +43,9 @@ NET_A="NVSHMEM_DISABLE_P2P=1 NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy"
 NET_B="$NET_A UCX_NET_DEVICES=lo"
 NET_C=""
 [ -n "$UCX_WHEEL_LIB" ] && NET_C="$NET_A LD_LIBRARY_PATH=$UCX_WHEEL_LIB:\${LD_LIBRARY_PATH:-} UCX_MODULE_DIR=$UCX_WHEEL_LIB/ucx"
-MODE_ENV=""; MODE="none"
+# Without GDRCopy (no /dev/gdrdrv), tell NVSHMEM not to look for it.
+NET_D="$NET_A NVSHMEM_DISABLE_GDRCOPY=1"
+MODE_ENV=""; MODE="p2p"; NET_MODE=""; NET_ENV=""
 
 for s in $STAGES; do
   case $s in
@@ -50,24 +57,33 @@ for s in $STAGES; do
         command -v ibv_devices && ibv_devices; ip -brief addr; nvidia-smi topo -m;
         $PY -c "import mori_core; print(mori_core.build_info())"; } > "$OUT/probe.log" 2>&1
       grep -E "internode|gdrdrv|No such|ucx_info|Transport: (tcp|cuda)" "$OUT/probe.log" | head -12 >> "$SUMMARY" ;;
+    p2p)
+      stage bringup_p2p 60 "env NVSHMEM_DEBUG=INFO MORI_TEST_NET_MODE=p2p $PYTEST $T::test_nvshmem_bringup"
+      grep -h "BRINGUP" "$OUT/bringup_p2p.log" | head -2 >> "$SUMMARY" ;;
     bringup)
-      for cfg in A C B; do
+      for cfg in D A C; do
         eval envs=\"\$NET_$cfg\"
         [ -z "$envs" ] && continue
-        if stage "bringup_net_$cfg" 70 "env $envs NVSHMEM_DEBUG=INFO MORI_TEST_NET_MODE='net-$cfg' $PYTEST $T::test_nvshmem_bringup"; then
-          MODE_ENV="$envs"; MODE="net-$cfg"; break
-        fi
-        grep -E "BRINGUP|WARN|ERROR|error|status|GDR|AMO|Error" "$OUT/bringup_net_$cfg.log" | head -15 >> "$SUMMARY"
+        # SIGINT first so a hung NVSHMEM call leaves its last log lines; KILL 5 s later.
+        t0=$SECONDS
+        echo "=== bringup_net_$cfg: $envs" > "$OUT/bringup_net_$cfg.log"
+        timeout --signal=INT --kill-after=5 40 bash -c "env $envs NVSHMEM_DEBUG=INFO UCX_LOG_LEVEL=info MORI_TEST_NET_MODE='net-$cfg' $PYTEST $T::test_nvshmem_bringup" >> "$OUT/bringup_net_$cfg.log" 2>&1
+        rc=$?
+        printf '%-22s rc=%-3s %4ss\n' "bringup_net_$cfg" "$rc" "$((SECONDS - t0))" | tee -a "$SUMMARY"
+        if [ $rc = 0 ]; then NET_ENV="$envs"; NET_MODE="net-$cfg"; break; fi
+        echo "  last lines of bringup_net_$cfg.log:" >> "$SUMMARY"
+        grep -v "^\s*$" "$OUT/bringup_net_$cfg.log" | tail -12 | cut -c1-220 | sed 's/^/    /' >> "$SUMMARY"
       done
-      if [ "$MODE" = none ]; then
-        if stage bringup_p2p 70 "env NVSHMEM_DEBUG=INFO MORI_TEST_NET_MODE=p2p-fallback $PYTEST $T::test_nvshmem_bringup"; then
-          MODE="p2p-fallback"; MODE_ENV=""
-        fi
-      fi
-      grep -h "BRINGUP" "$OUT"/bringup_*.log | head -8 >> "$SUMMARY"
-      echo "network mode for the kernel tests: $MODE ($MODE_ENV)" | tee -a "$SUMMARY" ;;
+      echo "network mode: ${NET_MODE:-none passed}" | tee -a "$SUMMARY" ;;
+    nettest1)
+      if [ -n "$NET_MODE" ]; then
+        stage test_gpn1_net 150 "env $NET_ENV MORI_TEST_NET_MODE=$NET_MODE $PYTEST '$T::test_internode_kernel_types[1]'"
+        grep -h "INTERNODE rank=0\|Error\|assert" "$OUT/test_gpn1_net.log" | head -16 >> "$SUMMARY"
+      else
+        echo "nettest1: skipped (no network mode passed its bring-up)" | tee -a "$SUMMARY"
+      fi ;;
     test1)
-      stage test_gpn1 150 "env $MODE_ENV MORI_TEST_NET_MODE=$MODE $PYTEST '$T::test_internode_kernel_types[1]'"
+      stage test_gpn1 120 "env $MODE_ENV MORI_TEST_NET_MODE=$MODE $PYTEST '$T::test_internode_kernel_types[1]'"
       grep -h "INTERNODE rank=0\|Error\|assert" "$OUT/test_gpn1.log" | head -16 >> "$SUMMARY" ;;
     test2)
       stage test_gpn2 120 "$PYTEST '$T::test_internode_kernel_types[2]'"

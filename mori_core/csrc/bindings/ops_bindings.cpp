@@ -16,6 +16,13 @@ void RegisterOps(py::module_& m) {
   // A launch on an operator whose kernels reported a failure; the Python layer
   // re-raises it as mori_core.ops.EpOpError.
   py::register_exception<mori::ep::OpFailed>(m, "EpOpFailure", PyExc_RuntimeError);
+  m.def(
+      "ep_empty_kernel_launch",
+      [](bool dispatch_sized_args, uintptr_t stream) {
+        mori::ep::LaunchEmptyKernel(dispatch_sized_args, reinterpret_cast<gpuStream_t>(stream));
+      },
+      py::arg("dispatch_sized_args"), py::arg("stream"),
+      "Launch an empty kernel on the current device (benchmark floor of one launch's host cost).");
   py::class_<EpHandle>(m, "EpDispatchCombineHandle", "Buffers and kernel launches of one EP operator.")
       .def(py::init([](int rank, int world_size, int hidden_dim, int scale_dim, int scale_type_size,
                        int max_token_type_size, int max_num_inp_token_per_rank, int num_experts_per_rank,

@@ -146,6 +146,59 @@ def _measure(fn: Any, args: argparse.Namespace, sync: Any, **row: Any) -> dict:
                 graph_us=graph)
 
 
+def _host_idle(fn: Any, calls: int) -> float:
+    """Median host microseconds of ``fn`` with the GPU idle before every call (synchronised)."""
+    import torch
+
+    ns = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        fn()
+        ns.append(time.perf_counter_ns() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(ns[1:]) / 1000
+
+
+def _host_breakdown(op: Any, x: Any, w: Any, idx: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
+    """Where the host time of one BF16 dispatch and one combine call goes (GPU idle-waiting):
+    the empty-kernel launch floor of this host, the native launch with its arguments already
+    extracted, and the full Python call."""
+    import torch
+
+    from mori_core import _C
+    from mori_core.ops.call_cache import current_stream_handle
+
+    stream = current_stream_handle(dev.index)
+    n = int(x.shape[0])
+    calls = max(11, args.eager_calls)
+    p = op.get_launch_config(True, n)
+    out, out_w, _, _, total = op.dispatch(x, w, None, idx)
+    torch.cuda.synchronize()
+    recv = int(total[0])
+    y = out[: max(recv, 1)].clone()
+    pc = op.get_launch_config(False, n, zero_copy=False)
+    h = op._handle
+    xp, wp, ip, yp, owp = x.data_ptr(), w.data_ptr(), idx.data_ptr(), y.data_ptr(), out_w.data_ptr()
+    row = int(x.shape[1]) * x.element_size()
+    parts = [
+        ("empty kernel launch, 4-byte params", lambda: _C.ep_empty_kernel_launch(False, stream)),
+        ("empty kernel launch, dispatch-sized params", lambda: _C.ep_empty_kernel_launch(True, stream)),
+        ("native launch_dispatch (arguments ready)",
+         lambda: h.launch_dispatch(xp, row, n, wp, 0, ip, p.block_num, p.warp_per_block, stream)),
+        ("op.dispatch (full Python call)", lambda: op.dispatch(x, w, None, idx)),
+        ("native launch_combine (arguments ready)",
+         lambda: h.launch_combine(yp, 0, int(x.shape[1]), int(y.shape[0]), owp, int(out_w.shape[0]), True, ip, n, True,
+                                  pc.block_num, pc.warp_per_block, stream)),
+        ("op.combine (full Python call)", lambda: op.combine(y, out_w, idx, use_external_inp_buf=1)),
+    ]
+    rows = []
+    for name, fn in parts:
+        rows.append(dict(table="breakdown", part=name, tokens=n, host_us=_host_idle(fn, calls)))
+    op.check_error()
+    return rows
+
+
 def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     import torch
@@ -229,6 +282,8 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
                         blocks=p.block_num, warps=p.warp_per_block, mode="push" if push else "pull",
                     ))
             op.check_error()
+            if n == tokens[0]:
+                rows.extend(_host_breakdown(op, x_bf16, w, idx, args, dev))
             if not args.no_nccl:
                 rows.extend(_nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev))
         sync()
@@ -310,6 +365,8 @@ def run(args: argparse.Namespace) -> int:
     if errors:
         print("\n".join(errors))
         return 1
+    breakdown = {r: [x for x in rows if x.get("table") == "breakdown"] for r, rows in per_rank.items()}
+    per_rank = {r: [x for x in rows if x.get("table") != "breakdown"] for r, rows in per_rank.items()}
     merged = _merge(per_rank)
     name = torch.cuda.get_device_name(0)
     grid = f"--sms {args.sms} (every kernel {args.sms} blocks)" if args.sms else ("AUTO launch table" if args.auto else "config/explicit launch")
@@ -335,9 +392,20 @@ def run(args: argparse.Namespace) -> int:
         print_table(title + " (sweep, best per kernel)", headers, [table_row(m) for m in _best(merged)])
     else:
         print_table(title, headers, [table_row(m) for m in merged], note=note)
+    ranks = sorted(breakdown)
+    if ranks and breakdown[ranks[0]]:
+        print_table(
+            f"Host time of one call, BF16, {breakdown[ranks[0]][0]['tokens']} tokens/rank, GPU idle before each call "
+            f"(us, median of {max(11, args.eager_calls) - 1}, mean over ranks)",
+            ["part", "host us"],
+            [[b["part"], statistics.mean(breakdown[r][i]["host_us"] for r in ranks)] for i, b in enumerate(breakdown[ranks[0]])],
+            note="'arguments ready' = the pybind11 call into the op's handle with pointers/sizes already extracted; "
+                 "the rest of the full call is the Python wrapper (argument checks, cached views, stream lookup)",
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"world": world, "device": name, "args": vars(args), "rows": merged, "per_rank": per_rank}, f, indent=1)
+            json.dump({"world": world, "device": name, "args": vars(args), "rows": merged, "per_rank": per_rank,
+                       "host_breakdown": breakdown}, f, indent=1)
     return 0
 
 

@@ -162,6 +162,10 @@ class EpDispatchCombineOp:
         self._scale_views: dict[torch.dtype, torch.Tensor] = {}
         self._registered_views: dict[tuple[torch.dtype, int], torch.Tensor] = {}
         self._push_default = bool(config.use_external_inp_buf)
+        self._max_tok = config.max_num_inp_token_per_rank
+        self._topk = topk
+        self._scale_dim = config.scale_dim
+        self._scale_size = config.scale_type_size
 
     # ------------------------------------------------------------------ sizes
     def max_num_tokens_to_recv(self) -> int:
@@ -248,16 +252,15 @@ class EpDispatchCombineOp:
         """
         if block_num != -1 or rdma_block_num != -1 or warp_per_block != -1:
             check_launch_overrides(block_num, rdma_block_num, warp_per_block)
-        topk, dev = self.config.num_experts_per_token, self._dev_index
+        topk, dev, scale_dim = self._topk, self._dev_index, self._scale_dim
         # Fast accept (exact dtypes/shapes/layout against what was prepared); anything else is
         # handed to the full validators, which raise naming the argument and the limit.
         try:
             n, h = input.shape
             rows = self._dispatch_rows.get((input.dtype, h))
-            scale_dim = self.config.scale_dim
             ok = (
                 rows is not None
-                and n <= self.config.max_num_inp_token_per_rank
+                and n <= self._max_tok
                 and input.is_contiguous()
                 and input.get_device() == dev
                 and tensor_matches(indices, torch.int32, (n, topk), dev)
@@ -268,7 +271,7 @@ class EpDispatchCombineOp:
                     else scales is None
                     or (
                         scales.shape == (n, scale_dim)
-                        and scales.element_size() == self.config.scale_type_size
+                        and scales.element_size() == self._scale_size
                         and scales.is_contiguous()
                         and scales.get_device() == dev
                     )
@@ -279,7 +282,7 @@ class EpDispatchCombineOp:
         if not ok:
             rows = self._validate_dispatch(input, weights, scales, indices)
             n = int(input.shape[0])
-        has_scales = scales is not None and self.config.scale_dim > 0
+        has_scales = scales is not None and scale_dim > 0
         p = self._launches.get("dispatch", n, block_num, warp_per_block)
         self._cached_dispatch_launch = p
         try:
@@ -409,7 +412,7 @@ class EpDispatchCombineOp:
         if n is None:
             raise RuntimeError("combine() needs a preceding dispatch()")
         push = self._push_default if use_external_inp_buf == -1 else resolve_combine_mode(self.config, use_external_inp_buf)
-        topk, dev = self.config.num_experts_per_token, self._dev_index
+        topk, dev = self._topk, self._dev_index
         try:
             in_rows, h = input.shape
             rows = self._combine_rows.get((input.dtype, h))
