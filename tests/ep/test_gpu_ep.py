@@ -16,7 +16,7 @@ import torch
 
 from ep_dist_utils import make_routing, run_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+pytestmark = [pytest.mark.gpu]  # multi-GPU tests carry pytest.mark.multigpu themselves
 
 HIDDEN_BIG = 7168
 NUM_EXPERTS = 256
@@ -370,6 +370,7 @@ def _suite(rank: int, world: int) -> None:
     shmem.shmem_finalize()
 
 
+@pytest.mark.multigpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_ep_suite(world: int) -> None:
     """The suite on 2 and 4 GPUs (tools/gpu/ep.sh test2 / test4)."""
@@ -406,6 +407,7 @@ def _timeout(rank: int, world: int) -> None:
     shmem.shmem_finalize()
 
 
+@pytest.mark.multigpu
 def test_timeout_names_the_missing_peer() -> None:
     _need(2)
     run_ranks(_timeout, 2, backend="nccl", timeout=180)
@@ -452,6 +454,7 @@ def _shmem_uid(rank: int, world: int, path: str) -> None:
     shmem.shmem_finalize()
 
 
+@pytest.mark.multigpu
 def test_shmem_unique_id_without_torch_distributed() -> None:
     _need(2)
     with tempfile.TemporaryDirectory() as d:

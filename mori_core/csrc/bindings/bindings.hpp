@@ -17,6 +17,8 @@ void RegisterShmem(pybind11::module_& m);
 #endif
 #ifdef MORI_HAS_OPS_BINDINGS
 void RegisterOps(pybind11::module_& m);
+// Dispatch/combine launch functions that skip pybind11's argument loader.
+void RegisterOpsFastCalls(pybind11::module_& m, PyObject* op_failure_type);
 #endif
 
 }  // namespace mori::bindings

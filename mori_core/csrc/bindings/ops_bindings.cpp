@@ -15,7 +15,8 @@ namespace mori::bindings {
 void RegisterOps(py::module_& m) {
   // A launch on an operator whose kernels reported a failure; the Python layer
   // re-raises it as mori_core.ops.EpOpError.
-  py::register_exception<mori::ep::OpFailed>(m, "EpOpFailure", PyExc_RuntimeError);
+  auto& op_failure = py::register_exception<mori::ep::OpFailed>(m, "EpOpFailure", PyExc_RuntimeError);
+  RegisterOpsFastCalls(m, op_failure.ptr());
   m.def(
       "ep_empty_kernel_launch",
       [](bool dispatch_sized_args, uintptr_t stream) {
@@ -45,13 +46,8 @@ void RegisterOps(py::module_& m) {
            py::arg("scale_type_size"), py::arg("max_token_type_size"), py::arg("max_num_inp_token_per_rank"),
            py::arg("num_experts_per_rank"), py::arg("num_experts_per_token"), py::arg("max_num_tokens_to_recv"),
            py::arg("timeout_ms"))
-      .def("launch_dispatch", &EpHandle::Dispatch, py::arg("input"), py::arg("row_bytes"), py::arg("num_tokens"),
-           py::arg("weights"), py::arg("scales"), py::arg("indices"), py::arg("block_num"), py::arg("warp_per_block"),
-           py::arg("stream"))
-      .def("launch_combine", &EpHandle::Combine, py::arg("input"), py::arg("dtype"), py::arg("hidden_dim"),
-           py::arg("input_rows"), py::arg("weights"), py::arg("weight_rows"), py::arg("weights_symmetric"),
-           py::arg("indices"), py::arg("num_tokens"), py::arg("push"), py::arg("block_num"),
-           py::arg("warp_per_block"), py::arg("stream"))
+      // Launches go through _C.ep_launch_dispatch / ep_launch_combine (ops_fast_calls.cpp) with this address.
+      .def_property_readonly("address", [](const EpHandle& h) { return reinterpret_cast<uintptr_t>(&h); })
       .def("buffers",
            [](const EpHandle& h) {
              py::dict d;

@@ -178,18 +178,18 @@ def _host_breakdown(op: Any, x: Any, w: Any, idx: Any, args: argparse.Namespace,
     recv = int(total[0])
     y = out[: max(recv, 1)].clone()
     pc = op.get_launch_config(False, n, zero_copy=False)
-    h = op._handle
+    h = op._handle.address
     xp, wp, ip, yp, owp = x.data_ptr(), w.data_ptr(), idx.data_ptr(), y.data_ptr(), out_w.data_ptr()
     row = int(x.shape[1]) * x.element_size()
     parts = [
         ("empty kernel launch, 4-byte params", lambda: _C.ep_empty_kernel_launch(False, stream)),
         ("empty kernel launch, dispatch-sized params", lambda: _C.ep_empty_kernel_launch(True, stream)),
         ("native launch_dispatch (arguments ready)",
-         lambda: h.launch_dispatch(xp, row, n, wp, 0, ip, p.block_num, p.warp_per_block, stream)),
+         lambda: _C.ep_launch_dispatch(h, xp, row, n, wp, 0, ip, p.block_num, p.warp_per_block, stream)),
         ("op.dispatch (full Python call)", lambda: op.dispatch(x, w, None, idx)),
         ("native launch_combine (arguments ready)",
-         lambda: h.launch_combine(yp, 0, int(x.shape[1]), int(y.shape[0]), owp, int(out_w.shape[0]), True, ip, n, True,
-                                  pc.block_num, pc.warp_per_block, stream)),
+         lambda: _C.ep_launch_combine(h, yp, 0, int(x.shape[1]), int(y.shape[0]), owp, int(out_w.shape[0]), True, ip, n,
+                                      True, pc.block_num, pc.warp_per_block, stream)),
         ("op.combine (full Python call)", lambda: op.combine(y, out_w, idx, use_external_inp_buf=1)),
     ]
     rows = []
@@ -399,7 +399,7 @@ def run(args: argparse.Namespace) -> int:
             f"(us, median of {max(11, args.eager_calls) - 1}, mean over ranks)",
             ["part", "host us"],
             [[b["part"], statistics.mean(breakdown[r][i]["host_us"] for r in ranks)] for i, b in enumerate(breakdown[ranks[0]])],
-            note="'arguments ready' = the pybind11 call into the op's handle with pointers/sizes already extracted; "
+            note="'arguments ready' = the native launch call (_C.ep_launch_*) with pointers/sizes already extracted; "
                  "the rest of the full call is the Python wrapper (argument checks, cached views, stream lookup)",
         )
     if args.json:

@@ -22,6 +22,12 @@ from mori_core.ops.launch_config import LaunchParams, resolve
 _raw_stream: Optional[Callable[[int], int]] = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def stream_handle_getter() -> Callable[[int], int]:
+    """The fastest available ``device_index -> current stream handle`` function (bound once by
+    the op, so a call does not pay an extra Python frame)."""
+    return _raw_stream if _raw_stream is not None else current_stream_handle
+
+
 def current_stream_handle(device_index: int) -> int:
     """Handle (``cudaStream_t`` as int) of the current stream of ``device_index``.
 

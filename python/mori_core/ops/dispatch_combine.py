@@ -26,7 +26,7 @@ from mori_core.ops.config import (
     normalize_kernel_type,
     normalize_quant_type,
 )
-from mori_core.ops.call_cache import LaunchCache, RowBuffer, current_stream_handle, tensor_matches, typed_view
+from mori_core.ops.call_cache import LaunchCache, RowBuffer, stream_handle_getter, tensor_matches, typed_view
 from mori_core.ops.launch_config import LaunchParams, launch_mode
 from mori_core.ops.validation import (
     COMBINE_DTYPES,
@@ -146,6 +146,10 @@ class EpDispatchCombineOp:
         # resolved launch parameters, and the constants the fast argument checks compare against.
         self._dev_index = self.device.index
         self._failure = _C.EpOpFailure
+        self._handle_addr = int(self._handle.address)  # 0 once closed (the fast calls refuse it)
+        self._launch_dispatch = _C.ep_launch_dispatch
+        self._launch_combine = _C.ep_launch_combine
+        self._stream_of = stream_handle_getter()
         self._launches = LaunchCache(
             config.block_num, config.warp_num_per_block, self._sm_count, self._arch_major,
             self.launch_config_mode, config.world_size,
@@ -286,7 +290,8 @@ class EpDispatchCombineOp:
         p = self._launches.get("dispatch", n, block_num, warp_per_block)
         self._cached_dispatch_launch = p
         try:
-            self._handle.launch_dispatch(
+            self._launch_dispatch(
+                self._handle_addr,
                 input.data_ptr(),
                 rows.row_bytes,
                 n,
@@ -295,7 +300,7 @@ class EpDispatchCombineOp:
                 indices.data_ptr(),
                 p.block_num,
                 p.warp_per_block,
-                current_stream_handle(dev),
+                self._stream_of(dev),
             )
         except self._failure as e:
             raise EpOpError(str(e)) from None
@@ -442,7 +447,8 @@ class EpDispatchCombineOp:
         self._cached_combine_launch = p
         w_ptr = weights.data_ptr() if has_weights else 0
         try:
-            self._handle.launch_combine(
+            self._launch_combine(
+                self._handle_addr,
                 input.data_ptr(),
                 rows.dtype_code,
                 rows.view.shape[1],
@@ -455,7 +461,7 @@ class EpDispatchCombineOp:
                 push,
                 p.block_num,
                 p.warp_per_block,
-                current_stream_handle(dev),
+                self._stream_of(dev),
             )
         except self._failure as e:
             raise EpOpError(str(e)) from None
@@ -532,6 +538,7 @@ class EpDispatchCombineOp:
         if handle is not None:
             torch.cuda.synchronize(self.device)
             self._bufs = {}
+            self._handle_addr = 0
             handle.close()
             self._handle = None
 
