@@ -19,10 +19,10 @@ void RegisterOps(py::module_& m) {
   RegisterOpsFastCalls(m, op_failure.ptr());
   m.def(
       "ep_empty_kernel_launch",
-      [](bool dispatch_sized_args, uintptr_t stream) {
-        mori::ep::LaunchEmptyKernel(dispatch_sized_args, reinterpret_cast<gpuStream_t>(stream));
+      [](bool dispatch_sized_args, uintptr_t stream, bool driver_api) {
+        mori::ep::LaunchEmptyKernel(dispatch_sized_args, driver_api, reinterpret_cast<gpuStream_t>(stream));
       },
-      py::arg("dispatch_sized_args"), py::arg("stream"),
+      py::arg("dispatch_sized_args"), py::arg("stream"), py::arg("driver_api") = false,
       "Launch an empty kernel on the current device (benchmark floor of one launch's host cost).");
   py::class_<EpHandle>(m, "EpDispatchCombineHandle", "Buffers and kernel launches of one EP operator.")
       .def(py::init([](int rank, int world_size, int hidden_dim, int scale_dim, int scale_type_size,

@@ -184,6 +184,8 @@ def _host_breakdown(op: Any, x: Any, w: Any, idx: Any, args: argparse.Namespace,
     parts = [
         ("empty kernel launch, 4-byte params", lambda: _C.ep_empty_kernel_launch(False, stream)),
         ("empty kernel launch, dispatch-sized params", lambda: _C.ep_empty_kernel_launch(True, stream)),
+        ("empty kernel, driver cuLaunchKernel, 4-byte params", lambda: _C.ep_empty_kernel_launch(False, stream, True)),
+        ("empty kernel, driver cuLaunchKernel, dispatch-sized", lambda: _C.ep_empty_kernel_launch(True, stream, True)),
         ("native launch_dispatch (arguments ready)",
          lambda: _C.ep_launch_dispatch(h, xp, row, n, wp, 0, ip, p.block_num, p.warp_per_block, stream)),
         ("op.dispatch (full Python call)", lambda: op.dispatch(x, w, None, idx)),
