@@ -36,6 +36,15 @@ std::string Repr(PyObject* o) {
 // One Python int (or an object with __index__, e.g. numpy.int64) -> uint64.
 uint64_t ItemValue(PyObject* item, const std::string& name, size_t i) {
   if (PyLong_CheckExact(item)) {
+#if PY_VERSION_HEX >= 0x030C0000
+    // Ints below 2**30 are "compact" since Python 3.12: read them inline.
+    const auto* l = reinterpret_cast<const PyLongObject*>(item);
+    if (PyUnstable_Long_IsCompact(l)) {
+      const Py_ssize_t v = PyUnstable_Long_CompactValue(l);
+      if (v >= 0) return static_cast<uint64_t>(v);
+      BadItem(name, i, item);
+    }
+#endif
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
     if (overflow == 0 && v >= 0) return static_cast<uint64_t>(v);

@@ -27,12 +27,14 @@ std::string CheckRangeInRegion(uint64_t offset, uint64_t size, uint64_t regionSi
 }
 
 std::string CheckBounds(const SegmentList& segs, uint64_t localSize, uint64_t remoteSize) {
+  auto inside = [](uint64_t offset, uint64_t size, uint64_t region) { return offset <= region && size <= region - offset; };
   for (size_t i = 0; i < segs.size(); ++i) {
     const Segment& s = segs[i];
+    if (inside(s.localOffset, s.size, localSize) && inside(s.remoteOffset, s.size, remoteSize)) continue;
+    // Only a failing segment pays for building the message.
     std::string e = CheckRangeInRegion(s.localOffset, s.size, localSize);
     if (!e.empty()) return "segment " + std::to_string(i) + ": local " + e;
-    e = CheckRangeInRegion(s.remoteOffset, s.size, remoteSize);
-    if (!e.empty()) return "segment " + std::to_string(i) + ": remote " + e;
+    return "segment " + std::to_string(i) + ": remote " + CheckRangeInRegion(s.remoteOffset, s.size, remoteSize);
   }
   return "";
 }

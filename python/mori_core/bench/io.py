@@ -53,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--large", default="256M", help="size of the single large transfer compared with the baseline ('' to skip)")
     p.add_argument("--large-iters", type=int, default=8)
     p.add_argument("--num-connections", type=int, default=4, help="TCP sockets per peer")
+    p.add_argument("--xgmi-streams", type=int, default=64, help="XgmiBackendConfig.num_streams (default 64)")
     p.add_argument("--initiator-device", type=int, default=0)
     p.add_argument("--target-device", type=int, default=1)
     p.add_argument("--arrays", choices=("list", "numpy"), default="list",
@@ -95,7 +96,7 @@ class _Buffer:
             self.array[:] = np.random.default_rng(0).integers(0, 256, self.array.size, dtype=np.uint8)
 
 
-def _make_engine(key: str, backend: str, num_connections: int):
+def _make_engine(key: str, backend: str, num_connections: int, xgmi_streams: int = 64):
     from mori_core.io import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig, XgmiBackendConfig
 
     # A TCP measurement must stay on TCP even for GPU memory on one node.
@@ -104,7 +105,7 @@ def _make_engine(key: str, backend: str, num_connections: int):
         engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=num_connections))
     else:
         # Like MORI's benchmark: no target notifications in the timed loop.
-        engine.create_backend(BackendType.XGMI, XgmiBackendConfig(enable_notification=False))
+        engine.create_backend(BackendType.XGMI, XgmiBackendConfig(num_streams=xgmi_streams, enable_notification=False))
     return engine
 
 
@@ -185,30 +186,26 @@ def _time(fn: Callable[[], object], iters: int, warmup: int) -> list[float]:
     return out
 
 
-def _time_host(fn: Callable[[], float], iters: int, warmup: int) -> tuple[list[float], list[float]]:
-    """Like _time for an iteration that returns the host time (ns) of its calls: (wall us, host us per call)."""
+def _time_host(fn: Callable[[], tuple[float, float]], iters: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Runs an iteration that times itself, returning (latency ns, host ns per call): (latency us, host us) lists.
+
+    The iteration stamps right before its first transfer call and right after its
+    wait returned, so the harness (uid allocation, result checks) is not counted.
+    """
     for _ in range(warmup):
         fn()
     wall, host = [], []
     for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        h = fn()
-        wall.append((time.perf_counter_ns() - t0) / 1e3)
+        lat, h = fn()
+        wall.append(lat / 1e3)
         host.append(h / 1e3)
     return wall, host
 
 
-def _check(statuses) -> None:
-    code = wait_all(statuses, 60_000)
+def _expect(code, statuses) -> None:
     if code != StatusCode.SUCCESS:
         bad = next((s for s in statuses if not s.Succeeded()), None)
         raise RuntimeError(f"transfer failed: {code} {bad.Message() if bad else ''}")
-
-
-def _check_one(status) -> None:
-    code = status.WaitFor(60_000)
-    if code != StatusCode.SUCCESS:
-        raise RuntimeError(f"transfer failed: {code} {status.Message()}")
 
 
 def offsets_of(msg: int, batch: int, arrays: str):
@@ -223,8 +220,8 @@ def offsets_of(msg: int, batch: int, arrays: str):
 
 
 def _runner(engine, session, lm, rm, op: str, mode: str, msg: int, batch: int,
-            arrays: str = "list") -> Callable[[], float]:
-    """One iteration of a mode; returns the host time (ns) per transfer call spent inside the calls."""
+            arrays: str = "list") -> Callable[[], tuple[float, float]]:
+    """One iteration of a mode; returns (ns from the first call until the wait returned, host ns per call)."""
     offs, sizes = offsets_of(msg, batch, arrays)
     single_offs = [i * 2 * msg for i in range(batch)]
     read = op == "read"
@@ -238,53 +235,62 @@ def _runner(engine, session, lm, rm, op: str, mode: str, msg: int, batch: int,
             call = lambda o, uid: f(o, o, msg, uid)  # noqa: E731
         alloc = engine.allocate_transfer_uid
 
-        def single() -> float:
+        def single() -> tuple[float, float]:
+            uids = [alloc() for _ in single_offs]
             sts, host = [], 0
-            for o in single_offs:
-                uid = alloc()
+            start = pc()
+            for o, uid in zip(single_offs, uids):
                 t0 = pc()
                 sts.append(call(o, uid))
                 host += pc() - t0
-            _check(sts)
-            return host / len(single_offs)
+            code = wait_all(sts, 60_000)
+            end = pc()
+            _expect(code, sts)
+            return end - start, host / len(single_offs)
 
         return single
     if mode == "batch":
         f = engine.batch_read if read else engine.batch_write
 
-        def engine_batch() -> float:
+        def engine_batch() -> tuple[float, float]:
             uid = engine.allocate_transfer_uid()
             t0 = pc()
             sts = f([lm], [offs], [rm], [offs], [sizes], [uid])
             t1 = pc()
-            _check(sts)
-            return t1 - t0
+            code = wait_all(sts, 60_000)
+            t2 = pc()
+            _expect(code, sts)
+            return t2 - t0, t1 - t0
 
         return engine_batch
     f = session.batch_read if read else session.batch_write
 
-    def session_batch() -> float:
+    def session_batch() -> tuple[float, float]:
         uid = session.allocate_transfer_uid()
         t0 = pc()
         st = f(offs, offs, sizes, uid)
         t1 = pc()
-        _check_one(st)
-        return t1 - t0
+        code = st.WaitFor(60_000)
+        t2 = pc()
+        _expect(code, [st])
+        return t2 - t0, t1 - t0
 
     return session_batch
 
 
-def _lone_write(session, msg: int) -> Callable[[], float]:
-    """One session write, waited for before the next: returns the host time (ns) of the call."""
+def _lone_write(session, msg: int) -> Callable[[], tuple[float, float]]:
+    """One session write, waited for before the next: (ns until the wait returned, host ns of the call)."""
     pc = time.perf_counter_ns
 
-    def once() -> float:
+    def once() -> tuple[float, float]:
         uid = session.allocate_transfer_uid()
         t0 = pc()
         st = session.write(0, 0, msg, uid)
         t1 = pc()
-        _check_one(st)
-        return t1 - t0
+        code = st.WaitFor(60_000)
+        t2 = pc()
+        _expect(code, [st])
+        return t2 - t0, t1 - t0
 
     return once
 
@@ -342,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         if not parent.poll(0):
             raise RuntimeError("target process did not start within 180 s")
         tdesc, tmem, raw_port = parent.recv()
-        engine = _make_engine("bench-initiator", args.backend, args.num_connections)
+        engine = _make_engine("bench-initiator", args.backend, args.num_connections, args.xgmi_streams)
         parent.send(engine.get_engine_desc().pack())
         engine.register_remote_engine(EngineDesc.unpack(tdesc))
         rm = MemoryDesc.unpack(tmem)
@@ -371,13 +377,13 @@ def run(args: argparse.Namespace) -> int:
         lone = sizes[0]
         extra["lone"] = (lone, *_time_host(_lone_write(session, lone), max(args.iters, 50), args.warmup))
         if args.breakdown:
-            extra["breakdown"] = _breakdowns(session, sizes, args)
+            extra["breakdown"] = _breakdowns(session, sizes, args, nbytes)
         if xgmi_gpu and (args.breakdown or args.kernel_sweep):
             extra.update(_gpu_facts(sizes, args))
 
         large_rows = []
         if large:
-            lat = _time(_runner(engine, session, lm, rm, "write", "batch+session", large, 1), args.large_iters, 2)
+            lat = _time_host(_runner(engine, session, lm, rm, "write", "batch+session", large, 1), args.large_iters, 2)[0]
             if args.backend == "tcp":
                 base = _raw_baseline(raw_port, large, args.large_iters, 2)
             else:
@@ -398,20 +404,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _breakdowns(session, sizes, args) -> list[tuple[int, str, dict]]:
-    """Pieces of one session batch_write per size, with lists and with numpy arrays."""
+def _breakdowns(session, sizes, args, nbytes: int) -> list[tuple[str, str, dict]]:
+    """Pieces of one session batch_write per size (lists and numpy arrays), of a 1,024-segment
+    batch (how the cost grows with the segment count) and of single writes (8 KiB-ish and 1 byte)."""
     from mori_core.bench.io_cost import breakdown
 
     out = []
-    for msg in sizes:
+    cases = [(msg, args.batch) for msg in sizes]
+    if sizes[0] * 2 * 1024 <= nbytes:
+        cases.append((sizes[0], 1024))
+    for msg, batch in cases:
         for arrays in ("list", "numpy"):
-            offs, lens = offsets_of(msg, args.batch, arrays)
+            offs, lens = offsets_of(msg, batch, arrays)
             pieces = breakdown(lambda uid: session.batch_write(offs, offs, lens, uid), session.allocate_transfer_uid,
                                args.iters, args.warmup)
-            out.append((msg, arrays, pieces))
-    one = breakdown(lambda uid: session.write(0, 0, sizes[0], uid), session.allocate_transfer_uid, args.iters,
-                    args.warmup)
-    out.append((sizes[0], "single write", one))
+            out.append((f"{batch} x {fmt_bytes(msg)}", arrays, pieces))
+    for msg in (sizes[0], 1):
+        one = breakdown(lambda uid: session.write(0, 0, msg, uid), session.allocate_transfer_uid, args.iters,
+                        args.warmup)
+        out.append((f"1 x {fmt_bytes(msg)}", "single write", one))
     return out
 
 
@@ -435,9 +446,6 @@ def _gpu_facts(sizes, args) -> dict:
                 rows.append([f"{args.batch} x {fmt_bytes(msg)}", f"SM kernel, piece {fmt_bytes(piece)}, {threads} threads",
                              k["eager_us"], k["gpu_us"] or 0.0,
                              msg * args.batch / (k["gpu_us"] * 1e3) if k["gpu_us"] else 0.0])
-            ce = timer.copy_engines(msg, args.batch)
-            rows.append([f"{args.batch} x {fmt_bytes(msg)}", f"copy engines, {args.batch} copies", 0.0, ce or 0.0,
-                         msg * args.batch / (ce * 1e3) if ce else 0.0])
         facts["sweep"] = rows
     return facts
 
@@ -481,15 +489,14 @@ def _report(args, results: list[Result], large_rows, mem: str, route: str, sizes
     if "breakdown" in extra:
         from mori_core.bench.io_cost import PIECES
 
-        rows = [[f"{args.batch if kind != 'single write' else 1} x {fmt_bytes(msg)}", kind] + [p[k] for k in PIECES]
-                for msg, kind, p in extra["breakdown"]]
+        rows = [[what, kind] + [p[k] for k in PIECES] for what, kind, p in extra["breakdown"]]
         print_table("where one session write call goes (us, median; session batch_write unless noted)",
                     ["Transfer", "offsets"] + list(PIECES), rows,
                     "to C++: Python wrapper + pybind11 dispatch; read args: offsets/sizes into C++; validate: bounds, "
                     "merge, status; backend: submit incl. the GPU launch API calls ('of which launch'); return: back "
                     "to Python; completion: from the call's return until Wait saw SUCCESS.")
     if "sweep" in extra:
-        print_table("scatter kernel shapes vs copy engines, GPU time alone (us, median; same GPUs, this process)",
+        print_table("scatter kernel shapes, GPU time alone (us, median; same GPUs, this process)",
                     ["Batch", "engine", "eager us (events around each launch)", "GPU us (CUDA graph)", "GB/s (GPU)"],
                     extra["sweep"])
     _summary(args, results, sizes, extra, route)

@@ -2,9 +2,8 @@
 
 The transfer engine's figures are host-observed (submit to completion seen).
 These put GPU facts beside them, measured in the same run on the same two GPUs:
-a plain copy-engine copy of the same bytes, the scatter-copy kernel alone (its
-GPU time, without any host work), and copy engines doing the same scattered
-copies inside a CUDA graph (their GPU time), so the fixed host-side cost of a
+a plain copy-engine copy of the same bytes and the scatter-copy kernel alone
+(its GPU time in a CUDA graph, without any host work), so the fixed cost of a
 batch can be named as latency minus GPU time.
 """
 
@@ -52,7 +51,8 @@ class KernelTimer:
         self.src_dev, self.dst_dev = src_dev, dst_dev
         self.src = torch.ones(nbytes, dtype=torch.uint8, device=f"cuda:{src_dev}")
         self.dst = torch.zeros(nbytes, dtype=torch.uint8, device=f"cuda:{dst_dev}")
-        self.testing.enable_peer_access(src_dev, dst_dev)
+        if src_dev != dst_dev:
+            self.testing.enable_peer_access(src_dev, dst_dev)
 
     def _segments(self, msg: int, batch: int) -> tuple[list[int], list[int], list[int]]:
         offs = [i * 2 * msg for i in range(batch)]
@@ -108,14 +108,3 @@ class KernelTimer:
             torch.cuda.synchronize()
             eager = median([a.elapsed_time(b) * 1e3 for a, b in times])
         return {"eager_us": eager, "gpu_us": self._graph_us(launch)}
-
-    def copy_engines(self, msg: int, batch: int) -> Optional[float]:
-        """GPU time of ``batch`` separate copy-engine copies (one per segment) captured in a CUDA graph."""
-        offs = [i * 2 * msg for i in range(batch)]
-        pairs = [(self.dst[o:o + msg], self.src[o:o + msg]) for o in offs]
-
-        def launch(_stream: int) -> None:
-            for d, s in pairs:
-                d.copy_(s, non_blocking=True)
-
-        return self._graph_us(launch, reps=1)
