@@ -40,7 +40,11 @@ IMPLEMENTED_KERNEL_TYPES = (EpDispatchCombineKernelType.IntraNode, EpDispatchCom
 
 
 class EpDispatchCombineQuantType(enum.IntEnum):
-    """Combine-side transport quantisation (MORI names). Only ``None_`` is implemented."""
+    """Combine-side transport quantisation (MORI names).
+
+    ``None_``, ``Fp8DirectCast`` and ``Fp8BlockwiseQuant`` (128-channel blocks) are implemented
+    (:mod:`mori_core.ops.combine_quant`); ``Fp4BlockwiseQuant`` raises NotImplementedError.
+    """
 
     None_ = 0
     Fp8DirectCast = 1
@@ -120,7 +124,9 @@ class EpDispatchCombineConfig:
         gpu_per_node: GPUs per node (inter-node kernels only; must be a power of two).
         rdma_block_num: blocks dedicated to RDMA (inter-node kernels only; accepted, unused).
         num_qp_per_pe: RDMA queue pairs per peer (inter-node kernels only; accepted, unused).
-        quant_type: combine transport quantisation, "none" only in this build.
+        quant_type: combine transport quantisation of the rows that cross the link: "none",
+            "fp8_direct_cast" (saturating e4m3 cast) or "fp8_blockwise" (e4m3 with one fp32 scale
+            per 128 channels); bf16 combine rows only. "fp4_blockwise" is not implemented.
     """
 
     data_type: Any

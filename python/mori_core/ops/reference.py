@@ -24,11 +24,13 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from mori_core.ops import combine_quant
 from mori_core.ops.config import (
     EpDispatchCombineConfig,
     decode_src_token_pos,
     normalize_kernel_type,
 )
+from mori_core.ops.reference_standard_moe import ReferenceStandardMoeMixin
 from mori_core.ops.validation import (
     DISPATCH_DTYPES,
     check_combine_args,
@@ -56,7 +58,7 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-class ReferenceEpDispatchCombineOp:
+class ReferenceEpDispatchCombineOp(ReferenceStandardMoeMixin):
     """Plain-torch EP dispatch/combine (see the module docstring for the semantics).
 
     Args:
@@ -75,6 +77,7 @@ class ReferenceEpDispatchCombineOp:
     ) -> None:
         config.validate()
         normalize_kernel_type(config.kernel_type)  # any kernel type is semantically the same here
+        self._combine_quant = combine_quant.combine_quant_code(config)
         self.config = config
         self.group = group
         if config.world_size > 1 or (dist.is_available() and dist.is_initialized()):
@@ -225,6 +228,10 @@ class ReferenceEpDispatchCombineOp:
             self._count_local_experts(out_indices[:total])
 
         self._state = {
+            "round": (self._state or {}).get("round", 0) + 1,
+            "recv_weights": out_weights[:total] if args.has_weights else None,
+            "recv_indices": out_indices[:total],
+            "recv_scales": out_scales[:total] if args.has_scales else None,
             "num_tokens": n,
             "mask": mask.to(dev),
             "send_tokens": [t.to(dev) for t in send_tokens],
@@ -313,7 +320,13 @@ class ReferenceEpDispatchCombineOp:
             rows = input[:total]
         else:
             rows = self.get_registered_combine_input_buffer(input.dtype, h)[:total]
+        quant = self._combine_quant
+        combine_quant.check_quantized_combine(quant, input.dtype, h)
         parts = [_as_bytes(rows.to(self.device))]
+        if quant:  # rows for other ranks travel as FP8 (same slot width); this rank's own stay bf16
+            own = self._own_rows(st)
+            encoded = combine_quant.encode_rows(rows.to(self.device), quant)
+            parts[0] = torch.where(own.unsqueeze(1), parts[0], encoded)
         if has_weights:
             if weights.shape[0] < total:
                 raise ValueError(f"weights has {weights.shape[0]} rows, fewer than the {total} tokens received")
@@ -333,7 +346,10 @@ class ReferenceEpDispatchCombineOp:
             chunk = back[offset : offset + cnt]
             offset += cnt
             tok = st["send_tokens"][r]
-            vals = chunk[:, :row_bytes].contiguous().view(input.dtype).view(cnt, h)
+            if quant and r != cfg.rank:
+                vals = combine_quant.decode_rows(chunk[:, :row_bytes], h, quant)
+            else:
+                vals = chunk[:, :row_bytes].contiguous().view(input.dtype).view(cnt, h)
             acc.index_add_(0, tok, vals.to(torch.float32))
             if acc_w is not None:
                 acc_w.index_add_(0, tok, chunk[:, row_bytes:].contiguous().view(torch.float32).view(cnt, topk))
@@ -361,6 +377,11 @@ class ReferenceEpDispatchCombineOp:
     def combine_recv(self, block_num: int = -1, warp_per_block: int = -1) -> None:
         """Nothing left to do after :meth:`combine_send`; returns None."""
         return None
+
+    def _own_rows(self, st: dict) -> torch.Tensor:
+        """[total_recv] bool: received rows that came from this rank (they never cross the link)."""
+        src_rank = st["src_pos"].to(torch.int64) // self.config.max_num_tokens_to_send()
+        return (src_rank == self.config.rank).to(self.device)
 
     # ------------------------------------------------------------------ misc
     def get_dispatch_src_token_pos(self) -> torch.Tensor:
