@@ -55,7 +55,7 @@ struct RowSplit {
   int parts, vpp, items;
   __device__ RowSplit(int count, int total_warps, int vecs, int align = 1) {
     parts = max(1, total_warps / max(count, 1));
-    parts = min(parts, max(1, vecs / (kWarpSize * align)));
+    parts = min(parts, max(1, vecs / (align > kWarpSize ? align : kWarpSize)));
     vpp = (vecs + parts - 1) / parts;
     vpp = (vpp + align - 1) / align * align;
     items = count * parts;

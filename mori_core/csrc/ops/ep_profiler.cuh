@@ -32,8 +32,10 @@ __device__ __forceinline__ void ProfRecord(const EpKernelArgs& a, int phase, int
 #else
 #define MORI_PROF_BEGIN(args, phase, round) \
   do {                                      \
+    (void)(round);                          \
   } while (0)
 #define MORI_PROF_END(args, phase, round) \
   do {                                    \
+    (void)(round);                        \
   } while (0)
 #endif

@@ -135,7 +135,10 @@ __global__ void __launch_bounds__(kDispatchMaxThreads) ConvertScatterKernel(EpKe
     const int e = lane < g.topk ? ids[static_cast<size_t>(i) * g.topk + lane] : -1;
     const int el = lane < g.topk ? LocalExpert(g, e) : -1;
     bool dup = false;
-    for (int j = 0; j < g.topk; ++j) dup |= j < lane && ShflIdx(e, j) == e;
+    for (int j = 0; j < g.topk; ++j) {
+      const int ej = ShflIdx(e, j);  // every lane shuffles (no short-circuit around it)
+      dup |= j < lane && ej == e;
+    }
     int row = -1;
     if (el >= 0) {
       const size_t off = static_cast<size_t>(el) * words;
@@ -146,8 +149,8 @@ __global__ void __launch_bounds__(kDispatchMaxThreads) ConvertScatterKernel(EpKe
       if (row >= 0 && !dup) a.std.packed_src_info[row] = flat;
       if (g.scale_bytes > 0) {
         for (int k = 0; k < g.topk; ++k) {
-          const int rk = ShflIdx(row, k);
-          if (rk < 0 || ShflIdx(dup ? 1 : 0, k)) continue;
+          const int rk = ShflIdx(row, k), dk = ShflIdx(dup ? 1 : 0, k);
+          if (rk < 0 || dk) continue;
           CopySmall(a.std.packed_scales + static_cast<size_t>(rk) * g.scale_bytes,
                     a.buf.dispatch_out_scales + static_cast<size_t>(i) * g.scale_bytes, g.scale_bytes, lane);
         }
@@ -164,8 +167,8 @@ __global__ void __launch_bounds__(kDispatchMaxThreads) ConvertScatterKernel(EpKe
         if (v < v1) xv[u] = LoadStream(src + v);
       }
       for (int k = 0; k < g.topk; ++k) {
-        const int rk = ShflIdx(row, k);
-        if (rk < 0 || ShflIdx(dup ? 1 : 0, k)) continue;
+        const int rk = ShflIdx(row, k), dk = ShflIdx(dup ? 1 : 0, k);
+        if (rk < 0 || dk) continue;
         int4* dst = reinterpret_cast<int4*>(a.std.packed_x + static_cast<size_t>(rk) * row_bytes);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -181,7 +184,6 @@ __global__ void __launch_bounds__(kDispatchMaxThreads) ConvertScatterKernel(EpKe
 template <typename Tag>
 __global__ void __launch_bounds__(kCombineMaxThreads) ConvertCombineKernel(EpKernelArgs a, const uint8_t* packed,
                                                                            int row_bytes) {
-  const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
   MORI_PROF_BEGIN(a, kProfConvertCombine, st->dispatch_epoch);

@@ -20,6 +20,8 @@ import statistics
 import traceback
 from typing import Any, Optional
 
+from mori_core.bench import ep_extensions
+
 DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "fp32": "float32"}
 SWEEP_BLOCKS = (32, 64, 96, 132, 264)
 SWEEP_WARPS = (4, 8, 16)
@@ -48,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="store_true", help="sweep (block_num, warp_per_block) per kernel")
     p.add_argument("--json", default="", help="write all measurements to this file")
     p.add_argument("--seed", type=int, default=1)
+    ep_extensions.add_arguments(p)
 
 
 # ----------------------------------------------------------------------------- per-rank work
@@ -187,6 +190,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
                              blocks=p.block_num, warps=p.warp_per_block, mode="push" if push else "pull")
                     )
             op.check_error()
+            rows.extend(ep_extensions.extension_rows(op, cfg, args, n, x_bf16, w, idx, _time_graph, sync))
             if not args.no_nccl:
                 rows.extend(_nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev))
         sync()
@@ -285,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
         ])
     else:
         print_table(title, headers, table_rows, note="GB/s = received tokens (incl. local) x hidden x element size / time, mean over ranks")
+    ep_extensions.print_extension_tables(per_rank, f"EP{world} on {world}x {name}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"world": world, "device": name, "args": vars(args), "rows": merged, "per_rank": per_rank}, f, indent=1)
