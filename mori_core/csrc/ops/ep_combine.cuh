@@ -8,11 +8,11 @@
 // Pull (use_external_inp_buf=0, zero-copy): the expert outputs already sit in
 //   this rank's registered buffer; one barrier; each rank reads the rows of its
 //   tokens straight from the destination ranks' registered buffers over NVLink.
-// FP8 transport (quant_type, bf16 rows only; ep_quant.cuh): rows that cross the
-//   link travel as e4m3 (+ block scales). Push quantises while pushing; pull
-//   quantises this rank's registered rows into its staging buffer before the
-//   barrier and peers read those. A rank's own rows never cross the link and
-//   are summed unquantised.
+// FP8 transport (quant_type, bf16 rows only; ep_quant.cuh): every row the combine
+//   moves is e4m3 (+ block scales), a rank's own rows included (as MORI, whose
+//   own rows also pass through the staging buffers): push quantises while pushing
+//   (own rows into local staging); pull quantises this rank's registered rows into
+//   its staging buffer before the barrier and every rank reads those.
 // Standard MoE (combine_standard_moe, push only): `input` is the 3-D
 //   [local expert][row][hidden] layout; phase 0 sums each received token's
 //   expert rows weighted by its gating weights (fp32, rounded to the row dtype)
@@ -92,6 +92,8 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   constexpr int kE = VT::kElems;
   constexpr int kU = CombineShape<Tag, kWorld>::kUnroll;
   constexpr int kAlign = kQuant == kQuantFp8Block ? kFp8BlockVecs : 1;
+  // Own rows go through local staging too (push): summed from 3-D rows (standard MoE) or quantised.
+  constexpr bool kStaged = kStd || kQuant != kQuantNone;
   __shared__ int s_flag;
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
@@ -129,11 +131,11 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
       const int i = item % total, part = item / total;
       const int pos = a.buf.src_pos[i];
       const int s = pos / g.max_send, t = pos - s * g.max_send;
-      if (!kStd && s == g.rank) continue;  // own rows are read in place by the reduce
+      if (!kStaged && s == g.rank) continue;  // own rows are read in place by the reduce
       const size_t stage_row = static_cast<size_t>(g.rank) * g.max_tok + t;
       uint8_t* dst_row = Peer(a, a.buf.stage, s) + stage_row * p.row_bytes;
       const int v0b = part * sp.vpp, v1 = min(vecs, v0b + sp.vpp);
-      const bool quantise = kQuant != kQuantNone && s != g.rank;
+      const bool quantise = kQuant != kQuantNone;
       if constexpr (kStd) {
         StdReduceRow<Tag, kQuant>(a, p.input, p.row_bytes, i, weighted, dst_row, quantise, v0b, v1, lane);
       } else {
@@ -163,11 +165,10 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
         a.buf.combine_inp_weights[i] = p.weights[i];
     }
     if constexpr (kQuant != kQuantNone) {
-      // Quantise this rank's registered rows that peers will read (not its own tokens').
+      // Quantise this rank's registered rows (every rank, this one included, reads them).
       const RowSplit sp(total, total_warps, vecs, kAlign);
       for (int item = gwarp; item < sp.items; item += total_warps) {
         const int i = item % total, part = item / total;
-        if (a.buf.src_pos[i] / g.max_send == g.rank) continue;
         const int v0b = part * sp.vpp, v1 = min(vecs, v0b + sp.vpp);
         QuantizeRow<kQuant>(reinterpret_cast<const int4*>(a.buf.combine_inp + static_cast<size_t>(i) * p.row_bytes),
                             a.buf.stage + static_cast<size_t>(i) * p.row_bytes, p.row_bytes, v0b, v1, lane);
@@ -225,13 +226,12 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
       const size_t slot = static_cast<size_t>(max(slot_of[r], 0));
       const uint8_t* row;
       if (kPush) {
-        if (r == g.rank && !kStd)
+        if (r == g.rank && !kStaged)
           row = p.input + slot * p.row_bytes;
         else
           row = a.buf.stage + (static_cast<size_t>(r) * g.max_tok + t) * p.row_bytes;
       } else {
-        const bool fp8_row = kQuant != kQuantNone && r != g.rank;
-        row = Peer(a, fp8_row ? a.buf.stage : a.buf.combine_inp, r) + slot * p.row_bytes;
+        row = Peer(a, kQuant != kQuantNone ? a.buf.stage : a.buf.combine_inp, r) + slot * p.row_bytes;
       }
       src[r] = reinterpret_cast<const int4*>(row);
     }
@@ -264,24 +264,14 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
           if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, VT::Pack(acc[u]));
       }
     } else {
-      // Own row in bf16, the other sources' rows in e4m3 (+ block scales); summed in rank order.
-      // (from the slot table, not src[g.rank]: a run-time index would put src[] in local memory)
-      const int own_slot = ((sent >> g.rank) & 1u) ? a.buf.dest_slot[static_cast<size_t>(t) * world + g.rank] : -1;
-      const uint8_t* own_row = kPush ? (kStd ? a.buf.stage + (static_cast<size_t>(g.rank) * g.max_tok + t) * p.row_bytes
-                                             : p.input + static_cast<size_t>(max(own_slot, 0)) * p.row_bytes)
-                                     : a.buf.combine_inp + static_cast<size_t>(max(own_slot, 0)) * p.row_bytes;
-      const int4* own = own_slot >= 0 ? reinterpret_cast<const int4*>(own_row) : nullptr;
+      // Every source's row in e4m3 (+ block scales); summed in rank order.
       constexpr int kQU = CombineShape<Tag, kWorld>::kQuantUnroll;
       for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kQU) {
         uint2 q[kWorld][kQU];
         float sc[kWorld][kQU];
-        int4 xo[kQU];
-#pragma unroll
-        for (int u = 0; u < kQU; ++u)
-          if (own && v + u * kWarpSize < v1) xo[u] = LoadPeer(own + v + u * kWarpSize);
 #pragma unroll
         for (int r = 0; r < kWorld; ++r) {
-          if (!on[r] || r == g.rank) continue;
+          if (!on[r]) continue;
           const float* scales = Fp8RowScales(reinterpret_cast<const uint8_t*>(src[r]), p.row_bytes);
 #pragma unroll
           for (int u = 0; u < kQU; ++u) {
@@ -301,14 +291,8 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
         for (int r = 0; r < kWorld; ++r) {
           if (!on[r]) continue;
 #pragma unroll
-          for (int u = 0; u < kQU; ++u) {
-            if (v + u * kWarpSize >= v1) {
-            } else if (r == g.rank) {
-              VT::Accumulate(acc[u], xo[u]);
-            } else {
-              Fp8Accumulate<kQuant>(acc[u], q[r][u].x, q[r][u].y, sc[r][u]);
-            }
-          }
+          for (int u = 0; u < kQU; ++u)
+            if (v + u * kWarpSize < v1) Fp8Accumulate<kQuant>(acc[u], q[r][u].x, q[r][u].y, sc[r][u]);
         }
 #pragma unroll
         for (int u = 0; u < kQU; ++u)

@@ -20,6 +20,13 @@ void Require(bool cond, const std::string& msg) {
   if (!cond) throw InvalidArgument(msg);
 }
 
+// Per-launch checks build their message only when they fail: a launch is on
+// the host's hot path (a few microseconds in all), string building is not.
+#define EP_CHECK_ARG(cond, msg_expr)                    \
+  do {                                                  \
+    if (!(cond)) throw ::mori::InvalidArgument(msg_expr); \
+  } while (0)
+
 // Offsets of the op's buffers inside its heap block.
 struct Layout {
   size_t total = 0;
@@ -202,16 +209,17 @@ void EpHandle::Close() {
   }
 }
 
-void EpHandle::CheckOpen() const {
+void EpHandle::CheckUsable() const {
   if (!block_) throw BadState("the EP operator is closed");
   if (shmem::Generation() != generation_ || !shmem::Initialized())
     throw BadState("mori shmem was finalised after this EP operator was created; recreate the operator");
+  if (reinterpret_cast<const volatile EpErrorRecord*>(host_error_)->code != kErrNone) throw OpFailed(ErrorMessage());
 }
 
 void EpHandle::CheckWarps(int warps, int max_threads, const char* what) const {
   const int max_warps = max_threads / KernelWarpSize();
-  Require(warps >= 1 && warps <= max_warps, std::string(what) + " warp_per_block must be in [1, " +
-                                                std::to_string(max_warps) + "], got " + std::to_string(warps));
+  EP_CHECK_ARG(warps >= 1 && warps <= max_warps, std::string(what) + " warp_per_block must be in [1, " +
+                                                     std::to_string(max_warps) + "], got " + std::to_string(warps));
 }
 
 void EpHandle::set_timeout_ms(int64_t ms) {
@@ -222,16 +230,16 @@ void EpHandle::set_timeout_ms(int64_t ms) {
 
 DispatchParams EpHandle::CheckedDispatchParams(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights,
                                                uintptr_t scales, uintptr_t indices, int blocks, int warps) const {
-  CheckOpen();
-  Require(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank,
+  CheckUsable();
+  EP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank,
           "num_tokens must be in [0, max_num_inp_token_per_rank=" + std::to_string(cfg_.max_num_inp_token_per_rank) +
               "], got " + std::to_string(num_tokens));
-  Require(row_bytes > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
+  EP_CHECK_ARG(row_bytes > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
           "row bytes must be a positive multiple of 16 up to hidden_dim * max_token_type_size = " +
               std::to_string(row_cap_) + ", got " + std::to_string(row_bytes));
-  Require(num_tokens == 0 || (input && indices), "input and indices must be non-null");
-  Require(input % 16 == 0, "input must be 16-byte aligned");
-  Require(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
+  EP_CHECK_ARG(num_tokens == 0 || (input && indices), "input and indices must be non-null");
+  EP_CHECK_ARG(input % 16 == 0, "input must be 16-byte aligned");
+  EP_CHECK_ARG(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
   CheckWarps(warps, kDispatchMaxThreads, "dispatch");
   DispatchParams p{};
   p.input = reinterpret_cast<const uint8_t*>(input);
@@ -252,21 +260,21 @@ void EpHandle::Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_
 
 int EpHandle::CheckedCombineRowBytes(int dtype, int hidden_dim, int num_tokens, uintptr_t indices, int blocks,
                                      int warps) const {
-  CheckOpen();
-  Require(dtype == 0 || dtype == 1, "combine dtype code must be 0 (bf16) or 1 (fp32)");
+  CheckUsable();
+  EP_CHECK_ARG(dtype == 0 || dtype == 1, "combine dtype code must be 0 (bf16) or 1 (fp32)");
   const int row_bytes = hidden_dim * (dtype == 0 ? 2 : 4);
-  Require(hidden_dim > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
+  EP_CHECK_ARG(hidden_dim > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
           "combine rows must be a positive multiple of 16 bytes up to " + std::to_string(row_cap_) + ", got " +
               std::to_string(row_bytes));
-  Require(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank, "num_tokens out of range");
-  Require(num_tokens == 0 || indices, "indices must be non-null");
-  Require(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
+  EP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank, "num_tokens out of range");
+  EP_CHECK_ARG(num_tokens == 0 || indices, "indices must be non-null");
+  EP_CHECK_ARG(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
   CheckWarps(warps, kCombineMaxThreads, "combine");
   if (combine_quant_ != kQuantNone) {
-    Require(dtype == 0, "FP8 combine (quant_type fp8_*) carries bf16 rows; got fp32 combine input");
-    Require(combine_quant_ != kQuantFp8Block || hidden_dim % kFp8BlockElems == 0,
-            "quant_type fp8_blockwise needs a hidden size that is a multiple of " + std::to_string(kFp8BlockElems) +
-                ", got " + std::to_string(hidden_dim));
+    EP_CHECK_ARG(dtype == 0, "FP8 combine (quant_type fp8_*) carries bf16 rows; got fp32 combine input");
+    EP_CHECK_ARG(combine_quant_ != kQuantFp8Block || hidden_dim % kFp8BlockElems == 0,
+                 "quant_type fp8_blockwise needs a hidden size that is a multiple of " +
+                     std::to_string(kFp8BlockElems) + ", got " + std::to_string(hidden_dim));
   }
   return row_bytes;
 }
@@ -287,7 +295,7 @@ void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_row
                        bool weights_symmetric, uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
                        uintptr_t stream) {
   const int row_bytes = CheckedCombineRowBytes(dtype, hidden_dim, num_tokens, indices, blocks, warps);
-  Require(!push || input % 16 == 0, "input must be 16-byte aligned");
+  EP_CHECK_ARG(!push || input % 16 == 0, "input must be 16-byte aligned");
   blocks = CombineGrid(dtype, push, false, warps, blocks);
   CombineParams p{};
   p.input = reinterpret_cast<const uint8_t*>(input);
@@ -306,7 +314,7 @@ void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_row
 }
 
 std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::Buffers() const {
-  CheckOpen();
+  if (!block_) throw BadState("the EP operator is closed");
   const Layout l = MakeLayout(cfg_, row_cap_);
   std::vector<std::tuple<std::string, uintptr_t, size_t>> out;
   for (const char* name : {"dispatch_out", "dispatch_out_weights", "dispatch_out_indices", "dispatch_out_scales",
@@ -380,7 +388,7 @@ void EpHandle::SetCombineQuant(int quant) {
 }
 
 uint64_t EpHandle::EnsureStandardMoe() {
-  CheckOpen();
+  CheckUsable();
   if (!std_block_) {
     const Layout l = MakeStdLayout(cfg_, row_cap_);
     shmem::SymmetricHeap& heap = shmem::Heap();
@@ -406,7 +414,7 @@ uint64_t EpHandle::EnsureStandardMoe() {
 }
 
 void EpHandle::RequireStandardMoe() const {
-  CheckOpen();
+  CheckUsable();
   if (!std_block_) throw BadState("the standard-MoE buffers are not allocated (EnsureStandardMoe first)");
 }
 
@@ -479,7 +487,7 @@ void EpHandle::CombineStandardMoe(uintptr_t packed, int dtype, int hidden_dim, u
 }
 
 std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::StandardMoeBuffers() const {
-  CheckOpen();
+  if (!block_) throw BadState("the EP operator is closed");
   std::vector<std::tuple<std::string, uintptr_t, size_t>> out;
   if (!std_block_) return out;
   const Layout l = MakeStdLayout(cfg_, row_cap_);
@@ -493,14 +501,14 @@ std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::StandardMoeBuf
 bool EpHandle::ProfilerEnabled() { return MORI_ENABLE_PROFILER != 0; }
 
 std::pair<uintptr_t, size_t> EpHandle::DebugTimeBuf() const {
-  CheckOpen();
+  if (!block_) throw BadState("the EP operator is closed");
   if (!prof_events_) return {0, 0};
   return {reinterpret_cast<uintptr_t>(prof_events_),
           sizeof(int64_t) * 2 * static_cast<size_t>(kProfMaxWarps) * kProfEventsPerWarp};
 }
 
 void EpHandle::ResetDebugTimeBuf() {
-  CheckOpen();
+  if (!block_) throw BadState("the EP operator is closed");
   if (!prof_events_) return;
   DeviceGuard guard(device_);
   MORI_GPU_CHECK(gpuDeviceSynchronize());

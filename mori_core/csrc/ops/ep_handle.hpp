@@ -10,10 +10,19 @@
 #include <utility>
 #include <vector>
 
+#include "common/error.hpp"
 #include "ops/ep_kernels.hpp"
 #include "ops/ep_types.hpp"
 
 namespace mori::ep {
+
+// Raised by a launch when an earlier kernel of the operator reported a failure
+// (the op is unusable afterwards); the bindings map it to its own Python type
+// so the Python layer can re-raise it as EpOpError without a per-call check.
+class OpFailed : public BadState {
+ public:
+  using BadState::BadState;
+};
 
 struct EpHandleConfig {
   int rank = 0;
@@ -84,7 +93,9 @@ class EpHandle {
   void Close();
 
  private:
-  void CheckOpen() const;
+  // Throws BadState when closed or shmem was finalised, OpFailed when a kernel
+  // of this op reported a failure. Runs before every launch; costs two loads.
+  void CheckUsable() const;
   void CheckWarps(int warps, int max_threads, const char* what) const;
   DispatchParams CheckedDispatchParams(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights,
                                        uintptr_t scales, uintptr_t indices, int blocks, int warps) const;

@@ -33,13 +33,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def extension_rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: Any,
-                   time_fn: Callable, sync: Callable) -> list[dict]:
-    """Rows for one token count (collective: every rank calls it with its own inputs)."""
+                   measure: Callable[..., dict], sync: Callable) -> list[dict]:
+    """Rows for one token count (collective: every rank calls it with its own inputs).
+
+    ``measure(fn, args, sync, **row)`` is the EP benchmark's timer: it returns ``row`` with the
+    eager/graph/host times (``us`` = the graph time, or eager with ``--no-graph``)."""
     rows: list[dict] = []
     if getattr(args, "fp8_combine", False):
-        rows += _fp8_rows(op, cfg, args, n, x, w, idx, time_fn, sync)
+        rows += _fp8_rows(op, cfg, args, n, x, w, idx, measure, sync)
     if getattr(args, "std_moe", False) and n <= STD_MAX_TOKENS:
-        rows += _std_rows(cfg, args, n, x, w, idx, time_fn, sync)
+        rows += _std_rows(cfg, args, n, x, w, idx, measure, sync)
     return rows
 
 
@@ -56,7 +59,7 @@ def _combine_once(op: Any, y: Any, w: Any, idx: Any, push: bool) -> Any:
 
 
 def _fp8_rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: Any,
-              time_fn: Callable, sync: Callable) -> list[dict]:
+              measure: Callable[..., dict], sync: Callable) -> list[dict]:
     import torch
 
     from mori_core.ops import EpDispatchCombineOp
@@ -75,21 +78,22 @@ def _fp8_rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, x: Any, w: An
             o.get_registered_combine_input_buffer(torch.bfloat16)[:recv].copy_(y[:recv])
             quant = combine_quant_code(o.config)
             for push in (True, False):
-                result = _combine_once(o, y, res[1], idx, push)[:n].float()
+                fn = lambda: _combine_once(o, y, res[1], idx, push)  # noqa: E731 - timed closure
+                result = fn()[:n].float()
                 torch.cuda.synchronize()
-                us = time_fn(lambda: _combine_once(o, y, res[1], idx, push), args, sync)
+                p = o._cached_combine_launch
                 mode = "push" if push else "pull"
+                row = measure(fn, args, sync, kernel=f"combine {name}", dtype="bf16" if name == "bf16" else "fp8",
+                              tokens=n, recv=recv, bytes=recv * h * 2, blocks=p.block_num, warps=p.warp_per_block,
+                              mode=mode, ext="fp8", link_bytes=crossing * link_bytes_per_row(h, 2, quant),
+                              crossing=crossing)
                 if name == "bf16":
-                    baseline[mode] = (result, us)
+                    baseline[mode] = (result, row["us"])
                 ref, ref_us = baseline[mode]
                 err = (result - ref).norm() / max(float(ref.norm()), 1e-30)
-                p = o._cached_combine_launch
-                out.append(dict(
-                    kernel=f"combine {name}", dtype="bf16" if name == "bf16" else "fp8", tokens=n, recv=recv, us=us,
-                    bytes=recv * h * 2, blocks=p.block_num, warps=p.warp_per_block, mode=mode, ext="fp8",
-                    link_bytes=crossing * link_bytes_per_row(h, 2, quant), crossing=crossing,
-                    speedup=ref_us / us, rel_err=float(err), max_err=float((result - ref).abs().max()) if n else 0.0,
-                ))
+                row.update(speedup=ref_us / row["us"], rel_err=float(err),
+                           max_err=float((result - ref).abs().max()) if n else 0.0)
+                out.append(row)
             o.check_error()
     finally:
         sync()
@@ -98,7 +102,7 @@ def _fp8_rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, x: Any, w: An
     return out
 
 
-def _std_rows(cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: Any, time_fn: Callable,
+def _std_rows(cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: Any, measure: Callable[..., dict],
               sync: Callable) -> list[dict]:
     import torch
 
@@ -119,14 +123,13 @@ def _std_rows(cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: A
         timed = [
             ("dispatch (same op)", lambda: op.dispatch(x, w, None, idx), recv),
             ("dispatch_standard_moe", lambda: op.dispatch_standard_moe(x, w, None, idx), packed_rows),
-            ("combine push (same op)", lambda: (op.dispatch(x, w, None, idx), op.combine(y2, None, idx)), recv),
+            ("dispatch + combine push (same op)", lambda: (op.dispatch(x, w, None, idx), op.combine(y2, None, idx)), recv),
             ("dispatch_standard_moe + combine_standard_moe",
              lambda: (op.dispatch_standard_moe(x, w, None, idx), op.combine_standard_moe(y3, None, idx)), packed_rows),
         ]
         for name, fn, nrows in timed:
-            us = time_fn(fn, args, sync)
-            rows.append(dict(kernel=name, dtype="bf16", tokens=n, recv=nrows, us=us, bytes=nrows * h * 2,
-                             blocks=0, warps=0, mode="std", ext="std"))
+            rows.append(measure(fn, args, sync, kernel=name, dtype="bf16", tokens=n, recv=nrows, bytes=nrows * h * 2,
+                                blocks=0, warps=0, mode="std", ext="std"))
         op.check_error()
     finally:
         sync()
@@ -152,17 +155,19 @@ def print_extension_tables(per_rank: dict[int, list[dict]], title: str) -> None:
             if kind == "fp8":
                 link = statistics.mean(r["link_bytes"] / (r["us"] * 1e-6) / 1e9 for r in rs)
                 table.append([rs[0]["kernel"], rs[0]["mode"], rs[0]["tokens"], round(statistics.mean(r["recv"] for r in rs)),
-                              round(statistics.mean(r["crossing"] for r in rs)), f"{rs[0]['blocks']}x{rs[0]['warps']}", us,
-                              link, eff, f"{statistics.mean(r['speedup'] for r in rs):.2f}x",
+                              round(statistics.mean(r["crossing"] for r in rs)), f"{rs[0]['blocks']}x{rs[0]['warps']}",
+                              statistics.mean(r["eager_us"] for r in rs), us, link, eff, f"{statistics.mean(r['speedup'] for r in rs):.2f}x",
                               f"{max(r['rel_err'] for r in rs):.2e}", f"{max(r['max_err'] for r in rs):.3g}"])
             else:
-                table.append([rs[0]["kernel"], rs[0]["tokens"], round(statistics.mean(r["recv"] for r in rs)), us, eff])
+                table.append([rs[0]["kernel"], rs[0]["tokens"], round(statistics.mean(r["recv"] for r in rs)),
+                              statistics.mean(r["eager_us"] for r in rs), us, eff])
         if kind == "fp8":
             print_table(title + ": FP8 combine vs BF16 combine (same run, same routing and expert outputs)",
-                        ["combine", "mode", "tokens", "recv/rank", "rows over link", "blocks x warps", "latency us",
+                        ["combine", "mode", "tokens", "recv/rank", "rows over link", "blocks x warps", "eager us", "graph us",
                          "link GB/s", "effective GB/s", "speed-up vs bf16", "rel L2 err vs bf16", "max abs err"], table,
-                        note="link GB/s = bytes crossing NVLink (payload + scales of other ranks' rows) / time; "
-                             "effective GB/s = received rows x hidden x 2 / time (the BF16 payload, MORI's count)")
+                        note="times: graph replay (eager without graphs); link GB/s = bytes crossing NVLink (payload + "
+                             "scales of other ranks' rows) / time; effective GB/s = received rows x hidden x 2 / time "
+                             "(the BF16 payload, MORI's count); at EP1 no row crosses a link (link GB/s 0)")
         else:
             print_table(title + ": standard-MoE layout (3-D) vs the 2-D path of the same op",
-                        ["kernel(s)", "tokens", "rows/rank", "latency us", "GB/s (rows x hidden x 2)"], table)
+                        ["kernel(s)", "tokens", "rows/rank", "eager us", "graph us", "GB/s (rows x hidden x 2, graph)"], table)

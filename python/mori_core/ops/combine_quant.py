@@ -8,10 +8,12 @@ numerics, so CPU tests pin the exact bytes:
 * ``"fp8_blockwise"``: one float32 scale per 128-channel block: ``scale = amax / 448`` (1 for an
   all-zero block), ``q = e4m3(clamp(x * (1 / scale)))``; the receiver adds ``q * scale``.
 
-Only rows that cross the link are quantised: a rank's own rows are summed unquantised. Each
+Every row the combine moves is quantised, a rank's own rows included (as in MORI, whose own rows
+also pass through its staging buffers; it also makes the quantisation testable on one GPU). Each
 quantised row occupies the slot of a bf16 row (``2 * hidden`` bytes): ``hidden`` e4m3 bytes, then
 ``hidden / 128`` float32 scales (blockwise). Accumulation is float32 in ascending source-rank
-order, every product rounded on its own, and the sum is rounded once to bf16.
+order, every product rounded on its own, and the sum is rounded once to bf16. Gating-weight rows
+are never quantised.
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@ an op) and synchronises; later calls launch kernels only (CUDA-graph capturable)
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from mori_core.ops.call_cache import typed_view
 from mori_core.ops.standard_moe_layout import check_packed_input, check_unused_weights, tokens_per_expert
 from mori_core.ops.validation import COMBINE_DTYPES, DISPATCH_DTYPES, check_dispatch_args, check_launch_overrides
 
@@ -33,8 +34,8 @@ _StdOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 class StandardMoeMixin:
     """The four standard-MoE methods of the GPU op.
 
-    Uses the op's ``config``, ``device``, ``_handle``, ``_launch``, ``check_error``,
-    ``_dispatch_tokens`` and ``get_registered_combine_input_buffer``.
+    Uses the op's ``config``, ``device``, ``_handle``, ``_launches``, ``_stream_of``, ``_failure``,
+    ``_bufs``, ``check_error``, ``_dispatch_tokens`` and ``get_registered_combine_input_buffer``.
     """
 
     _std_bufs: Optional[dict] = None
@@ -55,19 +56,26 @@ class StandardMoeMixin:
         return self._std_bufs
 
     def _std_outputs(self, dtype: torch.dtype, hidden: int) -> _StdOutputs:
-        from mori_core.ops.dispatch_combine import _typed_view
-
         cfg, bufs = self.config, self._std_bufs
         E, T = cfg.num_experts_per_rank, tokens_per_expert(cfg)
         return (
-            _typed_view(bufs["packed_x"], dtype, E * T, hidden).view(E, T, hidden),
+            typed_view(bufs["packed_x"], dtype, E * T, hidden).view(E, T, hidden),
             bufs["packed_count"].view(torch.int32)[:E],
             bufs["packed_src_info"].view(torch.int32)[: E * T].view(E, T),
             bufs["layout_range"].view(torch.int64)[: E * cfg.world_size].view(E, cfg.world_size),
         )
 
     def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream
+        return self._stream_of(self.device.index)
+
+    def _launch_std(self, launch: Callable[..., None], *args: int) -> None:
+        """Run one of the handle's launch methods; a failed op raises EpOpError like dispatch/combine."""
+        from mori_core.ops.dispatch_combine import EpOpError
+
+        try:
+            launch(*args)
+        except self._failure as e:
+            raise EpOpError(str(e)) from None
 
     # ------------------------------------------------------------------ dispatch side
     def dispatch_standard_moe(
@@ -97,8 +105,9 @@ class StandardMoeMixin:
         if row_bytes % 16:
             raise ValueError(f"input rows must be a multiple of 16 bytes, got hidden {args.hidden_dim} x {input.element_size()} B")
         self._ensure_standard_moe()
-        p = self._launch("dispatch", args.num_tokens, block_num, warp_per_block)
-        self._handle.launch_dispatch_standard_moe(
+        p = self._launches.get("dispatch", args.num_tokens, block_num, warp_per_block)
+        self._launch_std(
+            self._handle.launch_dispatch_standard_moe,
             input.data_ptr(),
             row_bytes,
             args.num_tokens,
@@ -155,8 +164,9 @@ class StandardMoeMixin:
         if ids.device != self.device or not ids.is_contiguous():
             raise ValueError(f"dispatch_out_topk_idx must be contiguous on {self.device}")
         self._ensure_standard_moe()
-        p = self._launch("dispatch", self._dispatch_tokens, block_num, warp_per_block)
-        self._handle.launch_convert_dispatch_output(
+        p = self._launches.get("dispatch", self._dispatch_tokens, block_num, warp_per_block)
+        self._launch_std(
+            self._handle.launch_convert_dispatch_output,
             x.data_ptr(), h * x.element_size(), int(x.shape[0]), ids.data_ptr(), p.block_num, p.warp_per_block, self._stream()
         )
         return self._std_outputs(x.dtype, h)
@@ -171,14 +181,12 @@ class StandardMoeMixin:
         cfg = self.config
         if cfg.scale_dim == 0:
             return None
-        from mori_core.ops.dispatch_combine import _typed_view
-
         dtype = dtype or self._std_scale_dtype or torch.float32
         if torch.empty(0, dtype=dtype).element_size() != cfg.scale_type_size:
             raise ValueError(f"dtype {dtype} does not have scale_type_size={cfg.scale_type_size} bytes")
         E, T = cfg.num_experts_per_rank, tokens_per_expert(cfg)
         bufs = self._ensure_standard_moe()
-        return _typed_view(bufs["packed_scales"], dtype, E * T, cfg.scale_dim).view(E, T, cfg.scale_dim)
+        return typed_view(bufs["packed_scales"], dtype, E * T, cfg.scale_dim).view(E, T, cfg.scale_dim)
 
     # ------------------------------------------------------------------ combine side
     def convert_combine_input(
@@ -203,8 +211,9 @@ class StandardMoeMixin:
             raise RuntimeError("convert_combine_input() needs a preceding dispatch")
         h = check_packed_input(self.config, "packed_recv_x", packed_recv_x, COMBINE_DTYPES, self.device)
         self._ensure_standard_moe()
-        p = self._launch("combine_push", self._dispatch_tokens, block_num, warp_per_block)
-        self._handle.launch_convert_combine_input(
+        p = self._launches.get("combine_push", self._dispatch_tokens, block_num, warp_per_block)
+        self._launch_std(
+            self._handle.launch_convert_combine_input,
             packed_recv_x.data_ptr(), _COMBINE_DTYPE_CODE[packed_recv_x.dtype], h, p.block_num, p.warp_per_block,
             self._stream(),
         )
@@ -247,15 +256,14 @@ class StandardMoeMixin:
             raise ValueError(f"indices must be contiguous on {self.device}")
         check_unused_weights(weights, n, cfg.num_experts_per_token)
         self._ensure_standard_moe()
-        p = self._launch("combine_push", n, block_num, warp_per_block)
+        p = self._launches.get("combine_push", n, block_num, warp_per_block)
         self._cached_combine_launch = p
-        self._handle.launch_combine_standard_moe(
+        self._launch_std(
+            self._handle.launch_combine_standard_moe,
             input.data_ptr(), _COMBINE_DTYPE_CODE[input.dtype], h, indices.data_ptr(), n, p.block_num, p.warp_per_block,
             self._stream(),
         )
-        from mori_core.ops.dispatch_combine import _typed_view
-
-        out = _typed_view(self._bufs["combine_out"], input.dtype, cfg.max_num_inp_token_per_rank, h)
+        out = typed_view(self._bufs["combine_out"], input.dtype, cfg.max_num_inp_token_per_rank, h)
         if call_reset:
             self.reset()
         return out, None
