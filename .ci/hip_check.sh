@@ -22,6 +22,7 @@ trap 'rm -rf "$OUTDIR"' EXIT
 FLAGS=(-std=c++17 -O2 -Wall -Wno-unused-parameter -DMORI_WITH_GPU=1 -DMORI_WITH_HIP=1 -I mori_core/csrc)
 status=0
 for f in mori_core/csrc/ops/ep_dispatch.cu mori_core/csrc/ops/ep_combine.cu mori_core/csrc/ops/ep_combine_bf16.cu mori_core/csrc/ops/ep_combine_fp32.cu mori_core/csrc/ops/ep_launch_probe.cu \
+         mori_core/csrc/ops/ep_combine_fp8.cu mori_core/csrc/ops/ep_combine_std.cu mori_core/csrc/ops/ep_standard_moe.cu \
          mori_core/csrc/io/p2p/scatter_copy.cu; do
   echo "hipcc --offload-arch=$ARCH $f"
   hipcc -x hip --offload-arch="$ARCH" "${FLAGS[@]}" -c "$f" -o "$OUTDIR/$(basename "$f").o" || status=1

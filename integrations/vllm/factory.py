@@ -101,9 +101,22 @@ def make_mori_prepare_finalize(
         logger.info_once(
             "mori_ep: %s=1, unquantised tokens travel as FP8 with %d scale(s) per token", ENV_FP8_DISPATCH, scale_dim
         )
+    batched = wants_batched_layout(moe)
+    if batched:
+        logger.info_once("mori_ep: batched experts, tokens dispatched into the standard-MoE (3-D) layout")
     return MoriPrepareAndFinalize(
         exchange,
         max_tokens_per_rank=moe.max_num_tokens,
         num_dispatchers=world,
         quant_plan=plan,
+        batched=batched,
+    )
+
+
+def wants_batched_layout(moe: Any) -> bool:
+    """Whether vLLM picks batched experts for this layer (the oracles' own test): the parallel
+    config asks for the batched activation format (with VLLM_MORI_EP_BATCHED_EXPERTS=1 for
+    mori_ep), or the unquantized MoE backend is ``batched_triton``."""
+    return bool(getattr(moe.moe_parallel_config, "use_batched_activation_format", False)) or (
+        getattr(moe, "moe_backend", None) == "batched_triton"
     )

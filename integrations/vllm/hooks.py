@@ -8,6 +8,8 @@ untouched. :func:`resolve_targets` finds all hook points first, so a vLLM whose 
 moved is refused as a whole (nothing half-patched).
 
 Every wrapper is marked with ``__mori_ep_hook__`` so installing twice is a no-op.
+Hooks: 1. backend name, 2. communicator, 3. prepare/finalize, 4. CUDA graphs,
+5. batched experts on request (VLLM_MORI_EP_BATCHED_EXPERTS).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class HookTargets:
     communicator_cls: type
     all2all_utils_module: Any
     compilation_config_cls: type
+    moe_parallel_config_cls: type
 
 
 def resolve_targets() -> HookTargets:
@@ -41,6 +44,7 @@ def resolve_targets() -> HookTargets:
     import vllm.engine.arg_utils as arg_utils_module
     import vllm.model_executor.layers.fused_moe.all2all_utils as all2all_utils_module
     from vllm.config import CompilationConfig, ParallelConfig
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
     from vllm.platforms import current_platform
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
@@ -60,6 +64,8 @@ def resolve_targets() -> HookTargets:
             missing.append(f"maybe_make_prepare_finalize({name}=...)")
     if not callable(getattr(CompilationConfig, "set_splitting_ops_for_v1", None)):
         missing.append("CompilationConfig.set_splitting_ops_for_v1")
+    if not isinstance(FusedMoEParallelConfig.__dict__.get("use_batched_activation_format"), property):
+        missing.append("FusedMoEParallelConfig.use_batched_activation_format (property)")
     if missing:
         raise RuntimeError("vLLM internals the mori_ep backend hooks into are missing: " + ", ".join(missing))
     return HookTargets(
@@ -69,6 +75,7 @@ def resolve_targets() -> HookTargets:
         communicator_cls=communicator_cls,
         all2all_utils_module=all2all_utils_module,
         compilation_config_cls=CompilationConfig,
+        moe_parallel_config_cls=FusedMoEParallelConfig,
     )
 
 
@@ -291,9 +298,33 @@ def install_cudagraph_hook(t: HookTargets) -> None:
     cls.set_splitting_ops_for_v1 = _mark(set_splitting_ops_for_v1)
 
 
+# ------------------------------------------------------------------------ 5. batched experts
+def install_batched_format_hook(t: HookTargets) -> None:
+    """With ``VLLM_MORI_EP_BATCHED_EXPERTS=1``, mori_ep layers ask vLLM's oracles for batched
+    experts (``use_batched_activation_format``, as DeepEP low-latency does); the prepare/finalize
+    then uses MORI's standard-MoE layout. Other backends are unaffected; read at each call."""
+    cls = t.moe_parallel_config_cls
+    original = cls.__dict__["use_batched_activation_format"]
+    if _is_hooked(original.fget):
+        return
+
+    @functools.wraps(original.fget)
+    def use_batched_activation_format(self: Any) -> bool:
+        if original.fget(self):
+            return True
+        if getattr(self, "all2all_backend", None) != BACKEND or not getattr(self, "use_all2all_kernels", False):
+            return False
+        from mori_integrations.vllm.mori_utils import use_batched_experts_from_env
+
+        return use_batched_experts_from_env()
+
+    cls.use_batched_activation_format = property(_mark(use_batched_activation_format))
+
+
 def install_all(t: HookTargets) -> None:
     """Install every hook (each is idempotent)."""
     install_backend_name(t)
     install_communicator_hook(t)
     install_prepare_finalize_hook(t)
     install_cudagraph_hook(t)
+    install_batched_format_hook(t)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 ENV_FP8_DISPATCH = "VLLM_MORI_EP_USE_FP8_DISPATCH"
 ENV_BLOCK_NUM = "VLLM_MORI_EP_BLOCK_NUM"
 ENV_WARPS_PER_BLOCK = "VLLM_MORI_EP_WARPS_PER_BLOCK"
+ENV_BATCHED_EXPERTS = "VLLM_MORI_EP_BATCHED_EXPERTS"
 ENV_INTERNODE_KERNEL = "VLLM_MORI_EP_INTERNODE_KERNEL"
 
 # Kernel types for EP groups that span nodes; InterNodeV1 is MORI's (and vLLM's) default,
@@ -66,6 +67,11 @@ def env_positive_int(name: str) -> Optional[int]:
 def use_fp8_dispatch_from_env() -> bool:
     """True when ``VLLM_MORI_EP_USE_FP8_DISPATCH`` asks for FP8 token transport."""
     return env_flag(ENV_FP8_DISPATCH)
+
+
+def use_batched_experts_from_env() -> bool:
+    """True when ``VLLM_MORI_EP_BATCHED_EXPERTS`` asks vLLM to pick batched experts for mori_ep layers."""
+    return env_flag(ENV_BATCHED_EXPERTS)
 
 
 def combine_dtype_for(activation_dtype: torch.dtype) -> torch.dtype:

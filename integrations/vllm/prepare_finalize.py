@@ -6,6 +6,13 @@ experts the received rows with their dispatched (global) top-k ids and weights.
 finalize: reduce per-(token, k) outputs when the experts leave that to finalize, then
 combine with this rank's pre-dispatch ids and write this rank's ``[M, H]`` output.
 The combine sums over ranks, so the output is already reduced (``output_is_reduced``).
+
+Batched experts (``FusedMoEActivationFormat.BatchedExperts``, e.g. ``BatchedTritonExperts``,
+chosen by vLLM for ``--moe-backend batched_triton`` or with ``VLLM_MORI_EP_BATCHED_EXPERTS=1``):
+prepare dispatches straight into MORI's standard-MoE layout (``dispatch_standard_moe``:
+``[local experts, world * max_tokens, H]`` plus per-expert counts) and finalize combines that
+layout with the gating weights applied inside the combine (``combine_standard_moe``), as
+DeepEP low-latency does. No host synchronisation on this path.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import (
 )
 
 from mori_integrations.vllm.dispatch_quant import DispatchQuantPlan, QuantStage, quantize_activations
-from mori_integrations.vllm.token_exchange import MoriEpTokenExchange, ReceivedTokens
+from mori_integrations.vllm.token_exchange import BatchedTokens, MoriEpTokenExchange, ReceivedTokens
 
 # Weight-and-reduce implementations finalize knows how to honour.
 _REDUCED_BY_EXPERTS = (TopKWeightAndReduceNoOP,)
@@ -37,6 +44,8 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
         max_tokens_per_rank: most tokens a rank passes to one forward of this layer.
         num_dispatchers: EP group size.
         quant_plan: where activation quantisation happens (see ``dispatch_quant``).
+        batched: hand the experts the batched layout (``BatchedExperts`` format) instead of
+            flat received rows.
     """
 
     def __init__(
@@ -45,18 +54,23 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
         max_tokens_per_rank: int,
         num_dispatchers: int,
         quant_plan: DispatchQuantPlan,
+        batched: bool = False,
     ) -> None:
         super().__init__()
         self.exchange = exchange
         self._max_tokens_per_rank = int(max_tokens_per_rank)
         self._num_dispatchers = int(num_dispatchers)
         self.quant_plan = quant_plan
+        self.batched = bool(batched)
         self._received: Optional[ReceivedTokens] = None
 
     # ------------------------------------------------------------------ static properties
     @property
     def activation_format(self) -> mk.FusedMoEActivationFormat:
-        """Flat ``[received tokens, hidden]`` rows, as vLLM's standard experts take."""
+        """Flat ``[received tokens, hidden]`` rows for standard experts, or the batched
+        ``[local experts, world * max_tokens, hidden]`` layout for batched experts."""
+        if self.batched:
+            return mk.FusedMoEActivationFormat.BatchedExperts
         return mk.FusedMoEActivationFormat.Standard
 
     def topk_indices_dtype(self) -> Optional[torch.dtype]:
@@ -81,7 +95,7 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
 
     def post_init_setup(self, fused_experts: "mk.FusedMoEExperts") -> None:
         """Refuse experts whose input/output contract mori_ep cannot meet, with the reason."""
-        check_experts_compatible(fused_experts)
+        check_experts_compatible(fused_experts, batched=self.batched)
 
     # ------------------------------------------------------------------ prepare
     def prepare(
@@ -110,6 +124,9 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
             a1 = a1 * topk_weights.to(a1.dtype)
         stage = QuantStage.NONE if defer_input_quant else self.quant_plan.stage
         plan = self.quant_plan
+        if self.batched:
+            weights = None if apply_router_weight_on_input else topk_weights  # None: combine weighs by 1
+            return self._prepare_batched(a1, weights, topk_ids, quant_config, stage)
         if stage is QuantStage.BEFORE_DISPATCH:
             a1q, scales = quantize_activations(a1, quant_config, plan)
             received = self.exchange.dispatch(a1q, topk_weights, topk_ids, scales.reshape(a1q.shape[0], plan.scale_dim))
@@ -127,6 +144,32 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
         self._received = received
         return a1q, a1q_scale, None, received.topk_ids, received.topk_weights
 
+    def _prepare_batched(
+        self,
+        a1: torch.Tensor,
+        weights: Optional[torch.Tensor],
+        topk_ids: torch.Tensor,
+        quant_config: Any,
+        stage: QuantStage,
+    ) -> mk.PrepareResultType:
+        """Batched-layout prepare: ``(x [E, T, H], scales, ExpertTokensMetadata(counts), None, None)``."""
+        plan = self.quant_plan
+        scale = None
+        if stage is QuantStage.BEFORE_DISPATCH:
+            a1q, scales = quantize_activations(a1, quant_config, plan)
+            received = self.exchange.dispatch_batched(a1q, weights, topk_ids, scales.reshape(a1q.shape[0], plan.scale_dim))
+            scale = received.scales
+        elif stage is QuantStage.STATIC_TENSOR:
+            a1q, scale = quantize_activations(a1, quant_config, plan)
+            received = self.exchange.dispatch_batched(a1q, weights, topk_ids)
+        else:
+            received = self.exchange.dispatch_batched(a1, weights, topk_ids)
+        x = received.hidden_states
+        if stage is QuantStage.AFTER_DISPATCH:
+            x, scale = _quantize_received_batched(received, quant_config, plan)
+        meta = mk.ExpertTokensMetadata(expert_num_tokens=received.expert_num_tokens, expert_num_tokens_cpu=None)
+        return x, scale, meta, None, None
+
     # ------------------------------------------------------------------ finalize
     def finalize(
         self,
@@ -142,6 +185,14 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
         ``topk_ids``/``topk_weights`` are the *dispatched* ones (vLLM rebinds them after
         prepare); combine uses this rank's own routing kept by the exchange instead.
         """
+        if self.batched:
+            if not isinstance(weight_and_reduce_impl, TopKWeightAndReduceDelegate):
+                raise ValueError(
+                    f"all2all_backend='mori_ep' with batched experts applies the gating weights in the combine; "
+                    f"got {type(weight_and_reduce_impl).__name__}, expected TopKWeightAndReduceDelegate"
+                )
+            self.exchange.combine_batched(fused_expert_output, out=output)
+            return
         received = self._received
         if received is None:
             raise RuntimeError("finalize() without a preceding prepare() on this layer")
@@ -161,13 +212,25 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
         self.exchange.combine(rows, out=output)
 
 
-def check_experts_compatible(fused_experts: Any) -> None:
+def _quantize_received_batched(received: BatchedTokens, quant_config: Any, plan: DispatchQuantPlan) -> tuple:
+    """Dynamic per-tensor FP8 over the rows this rank received (rows past the counts masked to 0)."""
+    x = received.hidden_states
+    e, t, h = x.shape
+    valid = torch.arange(t, device=x.device).unsqueeze(0) < received.expert_num_tokens.to(x.device).unsqueeze(1)
+    masked = torch.where(valid.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    q, scale = quantize_activations(masked.reshape(e * t, h), quant_config, plan)
+    return q.view(e, t, h), scale
+
+
+def check_experts_compatible(fused_experts: Any, batched: bool = False) -> None:
     """Raise ValueError when ``fused_experts`` cannot run behind mori_ep, naming the reason.
 
-    mori_ep hands the experts what DeepEP high-throughput hands them -- Standard-format rows
-    of received tokens with *global* top-k ids (experts of other ranks included) and the
-    layer's ``expert_map`` -- so experts that vLLM refuses behind DeepEP HT are refused here,
-    as are experts that ignore ``expert_map`` and monolithic (router-fused) experts.
+    Standard layout: mori_ep hands the experts what DeepEP high-throughput hands them --
+    Standard-format rows of received tokens with *global* top-k ids (experts of other ranks
+    included) and the layer's ``expert_map`` -- so experts that vLLM refuses behind DeepEP HT
+    are refused here, as are experts that ignore ``expert_map`` and monolithic (router-fused)
+    experts. Batched layout: what DeepEP low-latency hands them (per-expert rows and counts;
+    weights applied in the combine), so batched experts vLLM refuses behind DeepEP LL are refused.
     """
     import dataclasses
 
@@ -175,8 +238,16 @@ def check_experts_compatible(fused_experts: Any) -> None:
     hint = "choose experts that honour expert_map, e.g. --moe-backend triton"
     if fused_experts.is_monolithic():
         raise ValueError(f"all2all_backend='mori_ep' needs modular experts; {name} is monolithic ({hint})")
-    if fused_experts.activation_format() != mk.FusedMoEActivationFormat.Standard:
-        raise ValueError(f"all2all_backend='mori_ep' needs Standard-format experts; {name} is batched ({hint})")
+    fmt = fused_experts.activation_format()
+    if batched:
+        _check_batched_experts(fused_experts, name, fmt)
+        return
+    if fmt != mk.FusedMoEActivationFormat.Standard:
+        raise ValueError(
+            f"all2all_backend='mori_ep' needs Standard-format experts here; {name} is batched ({hint}; the batched "
+            "layout is used when vLLM selects batched experts: --moe-backend batched_triton or "
+            "VLLM_MORI_EP_BATCHED_EXPERTS=1)"
+        )
     supports_map = getattr(fused_experts, "supports_expert_map", None)
     if type(fused_experts).__module__.endswith(".experts.cpu_moe") or (callable(supports_map) and not supports_map()):
         raise ValueError(
@@ -196,4 +267,28 @@ def check_experts_compatible(fused_experts: Any) -> None:
         raise ValueError(
             f"all2all_backend='mori_ep': {name} asks finalize for {type(impl).__name__}, which needs a "
             "batched layout; mori_ep supports NoOP / Delegate / Contiguous weight-and-reduce"
+        )
+
+
+def _check_batched_experts(fused_experts: Any, name: str, fmt: Any) -> None:
+    """The batched-layout half of :func:`check_experts_compatible`."""
+    import dataclasses
+
+    if fmt != mk.FusedMoEActivationFormat.BatchedExperts:
+        raise ValueError(
+            f"all2all_backend='mori_ep' is in batched layout for this layer but {name} takes Standard-format rows"
+        )
+    parallel = fused_experts.moe_config.moe_parallel_config
+    if dataclasses.is_dataclass(parallel):
+        as_deepep_ll = dataclasses.replace(parallel, all2all_backend="deepep_low_latency")
+        if not type(fused_experts)._supports_parallel_config(as_deepep_ll):
+            raise ValueError(
+                f"all2all_backend='mori_ep' (batched layout): {name} does not take DeepEP-low-latency-style batched "
+                "tokens (vLLM refuses it behind DeepEP low-latency for the same reason)"
+            )
+    impl = fused_experts.finalize_weight_and_reduce_impl()
+    if not isinstance(impl, TopKWeightAndReduceDelegate):
+        raise ValueError(
+            f"all2all_backend='mori_ep' (batched layout) applies the gating weights in the combine; {name} asks "
+            f"finalize for {type(impl).__name__}"
         )

@@ -42,6 +42,23 @@ class ReceivedTokens:
     num_tokens: int
 
 
+@dataclass
+class BatchedTokens:
+    """What this rank received, in the batched (standard-MoE, DeepEP low-latency) layout.
+
+    Attributes:
+        hidden_states: ``[E_local, T, H]`` rows per local expert (``T = world * max_tokens``);
+            rows ``[0, expert_num_tokens[e])`` of expert ``e`` are valid, by source rank then token.
+        scales: ``[E_local, T, scale_dim]`` float32 scales of quantised rows, or None.
+        expert_num_tokens: ``[E_local]`` int32 valid rows per local expert (on the device: the
+            batched path never synchronises with the host).
+    """
+
+    hidden_states: torch.Tensor
+    scales: Optional[torch.Tensor]
+    expert_num_tokens: torch.Tensor
+
+
 class MoriEpTokenExchange:
     """Dispatch/combine of one MoE layer on one rank.
 
@@ -97,19 +114,7 @@ class MoriEpTokenExchange:
         The received-token count is read on the host (one device sync): vLLM's standard experts
         take exactly the valid rows, not the operator's capacity-sized buffers.
         """
-        if hidden_states.dim() != 2:
-            raise ValueError(f"hidden_states must be 2-D [tokens, hidden], got shape {tuple(hidden_states.shape)}")
-        m = int(hidden_states.shape[0])
-        if m > self.max_num_tokens:
-            raise ValueError(
-                f"{m} tokens exceed max_num_tokens_per_rank={self.max_num_tokens} of the EP operator "
-                "(raise --max-num-batched-tokens consistently on every rank)"
-            )
-        if tuple(topk_ids.shape) != (m, self.topk) or tuple(topk_weights.shape) != (m, self.topk):
-            raise ValueError(
-                f"topk_ids/topk_weights must be [{m}, {self.topk}], got {tuple(topk_ids.shape)} / "
-                f"{tuple(topk_weights.shape)}"
-            )
+        self._check_tokens(hidden_states, topk_ids, topk_weights)
         ids = topk_ids.to(torch.int32).contiguous()
         weights = topk_weights.to(torch.float32).contiguous()
         tokens = hidden_states.contiguous()
@@ -138,6 +143,73 @@ class MoriEpTokenExchange:
             topk_weights=recv_weights[:r],
             num_tokens=r,
         )
+
+    # ------------------------------------------------------------------ batched layout
+    def dispatch_batched(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: Optional[torch.Tensor],
+        topk_ids: torch.Tensor,
+        scales: Optional[torch.Tensor] = None,
+    ) -> BatchedTokens:
+        """Dispatch straight into the batched layout (``op.dispatch_standard_moe``).
+
+        ``topk_weights`` travel with the tokens and are the weights :meth:`combine_batched`
+        applies (None: weight 1, e.g. when they were applied to the input). FP8 transport
+        quantises unquantised activations before dispatch and dequantises the received rows.
+        """
+        m = self._check_tokens(hidden_states, topk_ids, topk_weights)
+        ids = topk_ids.to(torch.int32).contiguous()
+        weights = None if topk_weights is None else topk_weights.to(torch.float32).contiguous()
+        tokens = hidden_states.contiguous()
+        out_dtype = None
+        if scales is None and self.transport_fp8 and tokens.dtype.itemsize > 1:
+            out_dtype = tokens.dtype
+            tokens, scales = quant.quantize_rows(tokens, self.transport_groups)
+        if scales is not None:
+            scales = scales.to(torch.float32).reshape(m, int(self.op.config.scale_dim)).contiguous()
+        self._pre_dispatch_ids = ids
+        packed, count, _, _ = self.op.dispatch_standard_moe(tokens, weights, scales, ids)
+        check_error = getattr(self.op, "check_error", None)
+        if check_error is not None:
+            check_error(synchronize=False)
+        packed_scales = self.op.get_packed_recv_scales() if scales is not None else None
+        if out_dtype is not None:  # rows past the counts hold garbage; experts never read them
+            e, t, h = packed.shape
+            packed = quant.dequantize_rows(packed.view(e * t, h), packed_scales.view(e * t, -1), out_dtype).view(e, t, h)
+            packed_scales = None
+        return BatchedTokens(hidden_states=packed, scales=packed_scales, expert_num_tokens=count)
+
+    def combine_batched(self, expert_output: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Combine batched expert outputs ``[E_local, T, H]`` (``op.combine_standard_moe``): each
+        token's rows weighted by the dispatched weights, summed per rank, then over ranks.
+
+        Returns ``[M, H]`` (``out`` if given, else a copy in ``expert_output``'s dtype).
+        """
+        ids = self._pre_dispatch_ids
+        if ids is None:
+            raise RuntimeError("combine_batched() needs a preceding dispatch_batched() on this layer")
+        m = int(ids.shape[0])
+        rows = expert_output.to(combine_dtype_for(expert_output.dtype)).contiguous()
+        combined = self.op.combine_standard_moe(rows, None, ids)[0][:m]
+        self._pre_dispatch_ids = None
+        return _deliver(combined, expert_output.dtype, out)
+
+    def _check_tokens(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
+                      topk_weights: Optional[torch.Tensor]) -> int:
+        """Shape checks shared by both layouts; returns the token count."""
+        if hidden_states.dim() != 2:
+            raise ValueError(f"hidden_states must be 2-D [tokens, hidden], got shape {tuple(hidden_states.shape)}")
+        m = int(hidden_states.shape[0])
+        if m > self.max_num_tokens:
+            raise ValueError(
+                f"{m} tokens exceed max_num_tokens_per_rank={self.max_num_tokens} of the EP operator "
+                "(raise --max-num-batched-tokens consistently on every rank)"
+            )
+        shapes = [tuple(topk_ids.shape)] + ([] if topk_weights is None else [tuple(topk_weights.shape)])
+        if any(sh != (m, self.topk) for sh in shapes):
+            raise ValueError(f"topk_ids/topk_weights must be [{m}, {self.topk}], got {' / '.join(map(str, shapes))}")
+        return m
 
     # ------------------------------------------------------------------ experts side
     def local_expert_mask(self, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -198,9 +270,14 @@ class MoriEpTokenExchange:
         rows = expert_rows.to(combine_dtype).contiguous()
         combined = self.op.combine(rows, None, ids)[0][:m]
         self._pre_dispatch_ids = None
-        if out is None:  # a copy: ``combined`` is the operator's buffer, reused by the next layer
-            return combined.to(expert_rows.dtype, copy=True)
-        if tuple(out.shape) != (m, combined.shape[1]):
-            raise ValueError(f"out must have shape [{m}, {combined.shape[1]}], got {tuple(out.shape)}")
-        out.copy_(combined)
-        return out
+        return _deliver(combined, expert_rows.dtype, out)
+
+
+def _deliver(combined: torch.Tensor, dtype: torch.dtype, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """Copy the operator's combine output (a buffer the next layer reuses) into ``out`` or a new tensor."""
+    if out is None:
+        return combined.to(dtype, copy=True)
+    if tuple(out.shape) != tuple(combined.shape):
+        raise ValueError(f"out must have shape {list(combined.shape)}, got {tuple(out.shape)}")
+    out.copy_(combined)
+    return out

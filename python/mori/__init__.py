@@ -1,7 +1,8 @@
 """``mori`` compatibility alias provided by mori-suite.
 
 Code written for AMD's MORI (``import mori``, ``from mori.io import IOEngine``,
-``from mori.cpp import TransferStatus``, ``mori.ops``, ``mori.shmem``) runs on
+``from mori.cpp import TransferStatus``, ``mori.ops``, ``mori.shmem``,
+``mori.kernel_profiler``) runs on
 mori_core. This package is installed in its own folder that is appended to
 ``sys.path`` by ``mori_suite_alias.pth``: an installed ``amd-mori`` therefore
 always takes precedence and is never overwritten.
@@ -13,7 +14,7 @@ import importlib
 from typing import Any
 
 __mori_suite__ = True  # marks the alias (AMD's package lacks this attribute)
-_SUBMODULES = {"io", "cpp", "ops", "shmem"}
+_SUBMODULES = {"io", "cpp", "ops", "shmem", "kernel_profiler"}
 
 
 def __getattr__(name: str) -> Any:

@@ -35,8 +35,15 @@ def _cfg(**kw) -> EpDispatchCombineConfig:
 
 
 def test_mori_alias_exposes_the_same_api() -> None:
+    import mori.cpp
+    import mori.kernel_profiler
     import mori.ops
     import mori.shmem
+    from mori_core.ops.profiler import export_to_perfetto
+
+    assert mori.kernel_profiler.export_to_perfetto is export_to_perfetto
+    # MORI defines get_debug_time_buf only in profiler builds (callers test with hasattr)
+    assert hasattr(mori.cpp, "get_debug_time_buf") == bool(mori_core.build_info().get("profiler"))
 
     assert mori.ops.EpDispatchCombineOp is EpDispatchCombineOp
     assert mori.ops.EpDispatchCombineConfig is EpDispatchCombineConfig
@@ -65,7 +72,7 @@ def test_gpu_op_without_gpu_raises_a_clear_error() -> None:
 
 def test_unimplemented_quant_types_say_so() -> None:
     with pytest.raises(NotImplementedError, match="quant_type"):
-        EpDispatchCombineOp(_cfg(quant_type="fp8_direct_cast"))
+        EpDispatchCombineOp(_cfg(quant_type="fp4_blockwise"))
     # the reference accepts any kernel type: the semantics are the same
     ReferenceEpDispatchCombineOp(_cfg(kernel_type=EpDispatchCombineKernelType.InterNodeV1, gpu_per_node=1))
 

@@ -7,6 +7,11 @@
 #include "common/error.hpp"
 #include "common/gpu_runtime.hpp"
 #include "common/logging.hpp"
+#include "ops/ep_profiler_phases.hpp"
+
+#ifndef MORI_ENABLE_PROFILER
+#define MORI_ENABLE_PROFILER 0
+#endif
 
 namespace py = pybind11;
 
@@ -42,6 +47,10 @@ PYBIND11_MODULE(_C, m) {
 #else
         d["ops"] = false;
 #endif
+        d["profiler"] = MORI_ENABLE_PROFILER != 0;
+        py::list phases;
+        for (const char* name : mori::ep::kEpProfilerPhaseNames) phases.append(name);
+        d["ep_profiler_phases"] = phases;
         return d;
       },
       "What this build carries: GPU language, CUDA arch, and which areas were compiled.");

@@ -59,7 +59,31 @@ void RegisterOps(py::module_& m) {
       .def_property("timeout_ms", &EpHandle::timeout_ms, &EpHandle::set_timeout_ms)
       .def_property_readonly("sm_count", &EpHandle::sm_count)
       .def_property_readonly("arch_major", &EpHandle::arch_major)
-      .def("close", &EpHandle::Close);
+      .def("close", &EpHandle::Close)
+      // ---- FP8 combine, standard-MoE layout, profiler (issue #15) ----
+      .def("set_combine_quant", &EpHandle::SetCombineQuant, py::arg("quant"))
+      .def_property_readonly("combine_quant", &EpHandle::combine_quant)
+      .def("ensure_standard_moe", &EpHandle::EnsureStandardMoe)
+      .def("launch_dispatch_standard_moe", &EpHandle::DispatchStandardMoe, py::arg("input"), py::arg("row_bytes"),
+           py::arg("num_tokens"), py::arg("weights"), py::arg("scales"), py::arg("indices"), py::arg("block_num"),
+           py::arg("warp_per_block"), py::arg("stream"))
+      .def("launch_convert_dispatch_output", &EpHandle::ConvertDispatchOutput, py::arg("x"), py::arg("row_bytes"),
+           py::arg("x_rows"), py::arg("ids"), py::arg("block_num"), py::arg("warp_per_block"), py::arg("stream"))
+      .def("launch_convert_combine_input", &EpHandle::ConvertCombineInput, py::arg("packed"), py::arg("dtype"),
+           py::arg("hidden_dim"), py::arg("block_num"), py::arg("warp_per_block"), py::arg("stream"))
+      .def("launch_combine_standard_moe", &EpHandle::CombineStandardMoe, py::arg("packed"), py::arg("dtype"),
+           py::arg("hidden_dim"), py::arg("indices"), py::arg("num_tokens"), py::arg("block_num"),
+           py::arg("warp_per_block"), py::arg("stream"))
+      .def("standard_moe_buffers",
+           [](const EpHandle& h) {
+             py::dict d;
+             for (const auto& [name, ptr, bytes] : h.StandardMoeBuffers()) d[py::str(name)] = py::make_tuple(ptr, bytes);
+             return d;
+           })
+      .def("debug_time_buf", &EpHandle::DebugTimeBuf,
+           "(device pointer, bytes) of the kernel profiler's int64 event buffer; (0, 0) without MORI_ENABLE_PROFILER")
+      .def("reset_debug_time_buf", &EpHandle::ResetDebugTimeBuf)
+      .def_property_readonly_static("profiler_enabled", [](py::object) { return EpHandle::ProfilerEnabled(); });
 }
 
 }  // namespace mori::bindings

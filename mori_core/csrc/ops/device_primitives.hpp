@@ -39,6 +39,7 @@ __device__ __forceinline__ void Backoff(uint32_t ns) {
   if (ns) __builtin_amdgcn_s_sleep(1);
 }
 __device__ __forceinline__ int ShflIdx(int v, int src) { return __shfl(v, src); }
+__device__ __forceinline__ int ShflUp(int v, int d) { return __shfl_up(v, d); }
 __device__ __forceinline__ int4 LoadStream(const int4* p) {
   typedef int NativeInt4 __attribute__((ext_vector_type(4)));
   const NativeInt4 v = __builtin_nontemporal_load(reinterpret_cast<const NativeInt4*>(p));
@@ -46,6 +47,15 @@ __device__ __forceinline__ int4 LoadStream(const int4* p) {
 }
 __device__ __forceinline__ int4 LoadPeer(const int4* p) { return *p; }
 __device__ __forceinline__ void Store16(int4* p, int4 v) { *p = v; }
+__device__ __forceinline__ float ShflXorF(float v, int mask) { return __shfl_xor(v, mask); }
+__device__ __forceinline__ float ShflIdxF(float v, int src) { return __shfl(v, src); }
+// A value another GPU published before a flag we acquired (no stale cache line).
+__device__ __forceinline__ int32_t LoadRelaxedSys(const int32_t* p) {
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ uint2 LoadPeer8(const uint2* p) { return *p; }
+__device__ __forceinline__ float LoadPeerF(const float* p) { return *p; }
+__device__ __forceinline__ void Store8(uint2* p, uint2 v) { *p = v; }
 #else
 constexpr int kWarpSize = 32;
 using LaneMask = uint32_t;
@@ -79,6 +89,7 @@ __device__ __forceinline__ void Backoff(uint32_t ns) {
   if (ns) __nanosleep(ns);
 }
 __device__ __forceinline__ int ShflIdx(int v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+__device__ __forceinline__ int ShflUp(int v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
 // Read-only input: non-coherent path, no L1 allocation (streamed once).
 __device__ __forceinline__ int4 LoadStream(const int4* p) {
   int4 v;
@@ -100,6 +111,28 @@ __device__ __forceinline__ void Store16(int4* p, int4 v) {
   asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
                "r"(v.w)
                : "memory");
+}
+__device__ __forceinline__ float ShflXorF(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+__device__ __forceinline__ float ShflIdxF(float v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+// A value another GPU published before a flag we acquired (no stale cache line).
+__device__ __forceinline__ int32_t LoadRelaxedSys(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// 8-byte (FP8 row) accesses, same caching as LoadPeer / Store16.
+__device__ __forceinline__ uint2 LoadPeer8(const uint2* p) {
+  uint2 v;
+  asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ float LoadPeerF(const float* p) {
+  float v;
+  asm volatile("ld.global.L1::no_allocate.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void Store8(uint2* p, uint2 v) {
+  asm volatile("st.global.L1::no_allocate.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
 }
 #endif
 
@@ -136,6 +169,30 @@ struct VecTraits<Bf16Tag> {
       acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
     }
   }
+  // acc += w * v, the product rounded on its own (no fused multiply-add), as torch computes it.
+  __device__ __forceinline__ static void AccumulateScaled(float (&acc)[8], const int4& v, float w) {
+    const uint32_t x[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), static_cast<uint32_t>(v.z),
+                           static_cast<uint32_t>(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[2 * i] += __fmul_rn(__uint_as_float(x[i] << 16), w);
+      acc[2 * i + 1] += __fmul_rn(__uint_as_float(x[i] & 0xffff0000u), w);
+    }
+  }
+  // The values the packed vector holds (acc rounded to bf16), as floats.
+  __device__ __forceinline__ static void Round(float (&acc)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = Bf16ToFloat(FloatToBf16(acc[i]));
+  }
+  __device__ __forceinline__ static void Unpack(const int4& v, float (&out)[8]) {
+    const uint32_t x[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), static_cast<uint32_t>(v.z),
+                           static_cast<uint32_t>(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(x[i] << 16);
+      out[2 * i + 1] = __uint_as_float(x[i] & 0xffff0000u);
+    }
+  }
   __device__ __forceinline__ static int4 Pack(const float (&acc)[8]) {
     uint32_t w[4];
 #pragma unroll
@@ -153,6 +210,19 @@ struct VecTraits<float> {
     acc[1] += __int_as_float(v.y);
     acc[2] += __int_as_float(v.z);
     acc[3] += __int_as_float(v.w);
+  }
+  __device__ __forceinline__ static void AccumulateScaled(float (&acc)[4], const int4& v, float w) {
+    acc[0] += __fmul_rn(__int_as_float(v.x), w);
+    acc[1] += __fmul_rn(__int_as_float(v.y), w);
+    acc[2] += __fmul_rn(__int_as_float(v.z), w);
+    acc[3] += __fmul_rn(__int_as_float(v.w), w);
+  }
+  __device__ __forceinline__ static void Round(float (&)[4]) {}
+  __device__ __forceinline__ static void Unpack(const int4& v, float (&out)[4]) {
+    out[0] = __int_as_float(v.x);
+    out[1] = __int_as_float(v.y);
+    out[2] = __int_as_float(v.z);
+    out[3] = __int_as_float(v.w);
   }
   __device__ __forceinline__ static int4 Pack(const float (&acc)[4]) {
     return make_int4(__float_as_int(acc[0]), __float_as_int(acc[1]), __float_as_int(acc[2]), __float_as_int(acc[3]));

@@ -8,14 +8,28 @@
 // Pull (use_external_inp_buf=0, zero-copy): the expert outputs already sit in
 //   this rank's registered buffer; one barrier; each rank reads the rows of its
 //   tokens straight from the destination ranks' registered buffers over NVLink.
+// FP8 transport (quant_type, bf16 rows only; ep_quant.cuh): every row the combine
+//   moves is e4m3 (+ block scales), a rank's own rows included (as MORI, whose
+//   own rows also pass through the staging buffers): push quantises while pushing
+//   (own rows into local staging); pull quantises this rank's registered rows into
+//   its staging buffer before the barrier and every rank reads those.
+// Standard MoE (combine_standard_moe, push only): `input` is the 3-D
+//   [local expert][row][hidden] layout; phase 0 sums each received token's
+//   expert rows weighted by its gating weights (fp32, rounded to the row dtype)
+//   while pushing it, own tokens included (into local staging).
 // The barrier is "last block signals round to every peer, every block waits
 // for every peer's round", so the grid must be co-resident (the launcher clamps
 // it). No trailing barrier is needed: a peer may only overwrite what we read
 // after its next dispatch completes, which needs our next dispatch signal.
 #pragma once
 
+#include <type_traits>
+
 #include "ops/ep_device_common.hpp"
 #include "ops/ep_kernels.hpp"
+#include "ops/ep_profiler.cuh"
+#include "ops/ep_quant.cuh"
+#include "ops/ep_std_layout.cuh"
 #include "shmem/gpu_ext.hpp"
 
 namespace mori::ep {
@@ -30,40 +44,78 @@ struct CombineShape {
   // accumulators per thread (fits 128 registers at 512 threads).
   static constexpr int kU0 = 16 / kWorld < 32 / kElems ? 16 / kWorld : 32 / kElems;
   static constexpr int kUnroll = kU0 < 1 ? 1 : kU0;
+  // FP8 rows: an e4m3 vector, its block scale and the decode need more registers per vector.
+  static constexpr int kQuantUnroll = 8 / kWorld < 1 ? 1 : 8 / kWorld;
 };
 
 // Work split of `count` rows over all warps of the grid: rows are cut into
-// `parts` slices when there are fewer rows than warps.
+// `parts` slices when there are fewer rows than warps. Slices are multiples of
+// `align` vectors (FP8 blocks must not straddle two warps).
 struct RowSplit {
   int parts, vpp, items;
-  __device__ RowSplit(int count, int total_warps, int vecs) {
+  __device__ RowSplit(int count, int total_warps, int vecs, int align = 1) {
     parts = max(1, total_warps / max(count, 1));
-    parts = min(parts, max(1, vecs / kWarpSize));
+    parts = min(parts, max(1, vecs / (align > kWarpSize ? align : kWarpSize)));
     vpp = (vecs + parts - 1) / parts;
+    vpp = (vpp + align - 1) / align * align;
     items = count * parts;
   }
 };
 
-template <typename Tag, int kWorld, bool kPush>
+// Quantises vectors [v0b, v1) of a bf16 row into an FP8 row (warp-uniform loop:
+// blockwise scales need every lane in the shuffles).
+template <int kQuant>
+__device__ __forceinline__ void QuantizeRow(const int4* src, uint8_t* dst_row, int row_bytes, int v0b, int v1, int lane) {
+  using VT = VecTraits<Bf16Tag>;
+  for (int v0 = v0b; v0 < v1; v0 += kWarpSize * kQuantUnroll) {
+    int4 x[kQuantUnroll];
+#pragma unroll
+    for (int u = 0; u < kQuantUnroll; ++u) {
+      const int v = v0 + lane + u * kWarpSize;
+      if (v < v1) x[u] = LoadStream(src + v);
+    }
+#pragma unroll
+    for (int u = 0; u < kQuantUnroll; ++u) {
+      const int v = v0 + lane + u * kWarpSize;
+      float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (v < v1) VT::Unpack(x[u], f);
+      Fp8QuantStore<kQuant>(f, v < v1, dst_row, row_bytes, v);
+    }
+  }
+}
+
+template <typename Tag, int kWorld, bool kPush, int kQuant, bool kStd>
 __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs a, CombineParams p) {
+  static_assert(!kStd || kPush, "the standard-MoE combine pushes");
+  static_assert(kQuant == kQuantNone || std::is_same<Tag, Bf16Tag>::value, "FP8 combine carries bf16 rows");
   using VT = VecTraits<Tag>;
   constexpr int kE = VT::kElems;
   constexpr int kU = CombineShape<Tag, kWorld>::kUnroll;
+  constexpr int kAlign = kQuant == kQuantFp8Block ? kFp8BlockVecs : 1;
+  // Own rows go through local staging too (push): summed from 3-D rows (standard MoE) or quantised.
+  constexpr bool kStaged = kStd || kQuant != kQuantNone;
   __shared__ int s_flag;
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
   const uint32_t round = st->combine_epoch + 1;
+  MORI_PROF_BEGIN(a, kProfCombineStage, round);
   // The previous launch used the other queue and has completed: clear it for the next one.
   if (blockIdx.x == 0 && threadIdx.x == 0) st->combine_items[(round + 1) & 1] = 0;
   const int world = g.world, vecs = p.row_bytes / 16, lane = LaneId();
   const int nwarps = blockDim.x / kWarpSize;
   const int gwarp = blockIdx.x * nwarps + threadIdx.x / kWarpSize, total_warps = gridDim.x * nwarps;
   int total = st->total_recv;
-  bool use_w = p.weights != nullptr;
-  const bool rows_ok = !p.check_input_rows || total <= p.input_rows;
+  bool use_w = !kStd && p.weights != nullptr;
+  bool rows_ok = !p.check_input_rows || total <= p.input_rows;
   if (!rows_ok) {
     if (blockIdx.x == 0 && threadIdx.x == 0) ReportError(a, kErrCombineRows, kPhaseCombine, -1, total, p.input_rows);
+    total = 0;
+  }
+  if (kStd && st->std_round != st->dispatch_epoch) {
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+      ReportError(a, kErrStdStale, kPhaseCombine, -1, st->std_round, st->dispatch_epoch);
+    rows_ok = false;
     total = 0;
   }
   if (use_w && total > p.weight_rows) {
@@ -71,35 +123,60 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
     use_w = false;
   }
 
-  // Phase 0: push rows to their sources (push) / stage weights for peers (pull).
+  // Phase 0: push rows to their sources (push) / stage weights and FP8 rows for peers (pull).
   if (kPush) {
-    const RowSplit sp(total, total_warps, vecs);
+    const RowSplit sp(total, total_warps, vecs, kAlign);
+    const bool weighted = kStd && st->dispatch_weighted != 0;
     for (int item = gwarp; item < sp.items; item += total_warps) {
       const int i = item % total, part = item / total;
       const int pos = a.buf.src_pos[i];
       const int s = pos / g.max_send, t = pos - s * g.max_send;
-      if (s == g.rank) continue;  // own rows are read in place by the reduce
+      if (!kStaged && s == g.rank) continue;  // own rows are read in place by the reduce
       const size_t stage_row = static_cast<size_t>(g.rank) * g.max_tok + t;
-      int4* dst = reinterpret_cast<int4*>(Peer(a, a.buf.stage, s) + stage_row * p.row_bytes);
-      const int4* src = reinterpret_cast<const int4*>(p.input + static_cast<size_t>(i) * p.row_bytes);
-      const int v1 = min(vecs, (part + 1) * sp.vpp);
-      for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kCopyUnroll) {
-        int4 x[kCopyUnroll];
+      uint8_t* dst_row = Peer(a, a.buf.stage, s) + stage_row * p.row_bytes;
+      const int v0b = part * sp.vpp, v1 = min(vecs, v0b + sp.vpp);
+      const bool quantise = kQuant != kQuantNone;
+      if constexpr (kStd) {
+        StdReduceRow<Tag, kQuant>(a, p.input, p.row_bytes, i, weighted, dst_row, quantise, v0b, v1, lane);
+      } else {
+        const int4* src = reinterpret_cast<const int4*>(p.input + static_cast<size_t>(i) * p.row_bytes);
+        if constexpr (kQuant != kQuantNone) {
+          QuantizeRow<kQuant>(src, dst_row, p.row_bytes, v0b, v1, lane);
+        } else {
+          int4* dst = reinterpret_cast<int4*>(dst_row);
+          for (int v = v0b + lane; v < v1; v += kWarpSize * kCopyUnroll) {
+            int4 x[kCopyUnroll];
 #pragma unroll
-        for (int u = 0; u < kCopyUnroll; ++u)
-          if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
+            for (int u = 0; u < kCopyUnroll; ++u)
+              if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
 #pragma unroll
-        for (int u = 0; u < kCopyUnroll; ++u)
-          if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, x[u]);
+            for (int u = 0; u < kCopyUnroll; ++u)
+              if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, x[u]);
+          }
+        }
       }
       if (part == 0 && use_w && lane < g.topk)
         Peer(a, a.buf.stage_weights, s)[stage_row * g.topk + lane] = p.weights[static_cast<size_t>(i) * g.topk + lane];
     }
-  } else if (use_w && !p.weights_symmetric) {
-    const int n = total * g.topk;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-      a.buf.combine_inp_weights[i] = p.weights[i];
+  } else {
+    if (use_w && !p.weights_symmetric) {
+      const int n = total * g.topk;
+      for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        a.buf.combine_inp_weights[i] = p.weights[i];
+    }
+    if constexpr (kQuant != kQuantNone) {
+      // Quantise this rank's registered rows (every rank, this one included, reads them).
+      const RowSplit sp(total, total_warps, vecs, kAlign);
+      for (int item = gwarp; item < sp.items; item += total_warps) {
+        const int i = item % total, part = item / total;
+        const int v0b = part * sp.vpp, v1 = min(vecs, v0b + sp.vpp);
+        QuantizeRow<kQuant>(reinterpret_cast<const int4*>(a.buf.combine_inp + static_cast<size_t>(i) * p.row_bytes),
+                            a.buf.stage + static_cast<size_t>(i) * p.row_bytes, p.row_bytes, v0b, v1, lane);
+      }
+    }
   }
+  MORI_PROF_END(a, kProfCombineStage, round);
+  MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
 
   // Barrier with every peer.
   if (ArriveLast(&st->combine_arrive, &s_flag)) {
@@ -112,7 +189,9 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   bool ok = true;
   if (static_cast<int>(threadIdx.x) < world)
     ok = WaitRound(a, a.buf.combine_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+  MORI_PROF_END(a, kProfCombineBarrier, round);
   if (!__syncthreads_and(ok) || !rows_ok) return;
+  MORI_PROF_BEGIN(a, kProfCombineReduce, round);
 
   // Phase 1: out[t] = sum over t's destination ranks of their row for t (fp32).
   const int n = p.num_tokens;
@@ -145,39 +224,80 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
       slot_of[r] = (r < world && ((sent >> r) & 1u)) ? a.buf.dest_slot[static_cast<size_t>(t) * world + r] : -1;
       on[r] = slot_of[r] >= 0;
       const size_t slot = static_cast<size_t>(max(slot_of[r], 0));
-      if (kPush)
-        src[r] = reinterpret_cast<const int4*>(
-            r == g.rank ? p.input + slot * p.row_bytes
-                        : a.buf.stage + (static_cast<size_t>(r) * g.max_tok + t) * p.row_bytes);
-      else
-        src[r] = reinterpret_cast<const int4*>(Peer(a, a.buf.combine_inp, r) + slot * p.row_bytes);
+      const uint8_t* row;
+      if (kPush) {
+        if (r == g.rank && !kStaged)
+          row = p.input + slot * p.row_bytes;
+        else
+          row = a.buf.stage + (static_cast<size_t>(r) * g.max_tok + t) * p.row_bytes;
+      } else {
+        row = Peer(a, kQuant != kQuantNone ? a.buf.stage : a.buf.combine_inp, r) + slot * p.row_bytes;
+      }
+      src[r] = reinterpret_cast<const int4*>(row);
     }
     int4* dst = reinterpret_cast<int4*>(a.buf.combine_out + static_cast<size_t>(t) * p.row_bytes);
     const int v1 = min(vecs, (part + 1) * sp.vpp);
-    for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kU) {
-      int4 x[kWorld][kU];
+    if constexpr (kQuant == kQuantNone) {
+      for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kU) {
+        int4 x[kWorld][kU];
 #pragma unroll
-      for (int r = 0; r < kWorld; ++r) {
-        if (!on[r]) continue;
+        for (int r = 0; r < kWorld; ++r) {
+          if (!on[r]) continue;
 #pragma unroll
-        for (int u = 0; u < kU; ++u)
-          if (v + u * kWarpSize < v1) x[r][u] = LoadPeer(src[r] + v + u * kWarpSize);
-      }
-      float acc[kU][kE];
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-#pragma unroll
-        for (int e = 0; e < kE; ++e) acc[u][e] = 0.f;
-#pragma unroll
-      for (int r = 0; r < kWorld; ++r) {
-        if (!on[r]) continue;
+          for (int u = 0; u < kU; ++u)
+            if (v + u * kWarpSize < v1) x[r][u] = LoadPeer(src[r] + v + u * kWarpSize);
+        }
+        float acc[kU][kE];
 #pragma unroll
         for (int u = 0; u < kU; ++u)
-          if (v + u * kWarpSize < v1) VT::Accumulate(acc[u], x[r][u]);
-      }
 #pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, VT::Pack(acc[u]));
+          for (int e = 0; e < kE; ++e) acc[u][e] = 0.f;
+#pragma unroll
+        for (int r = 0; r < kWorld; ++r) {
+          if (!on[r]) continue;
+#pragma unroll
+          for (int u = 0; u < kU; ++u)
+            if (v + u * kWarpSize < v1) VT::Accumulate(acc[u], x[r][u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+          if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, VT::Pack(acc[u]));
+      }
+    } else {
+      // Every source's row in e4m3 (+ block scales); summed in rank order.
+      constexpr int kQU = CombineShape<Tag, kWorld>::kQuantUnroll;
+      for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kQU) {
+        uint2 q[kWorld][kQU];
+        float sc[kWorld][kQU];
+#pragma unroll
+        for (int r = 0; r < kWorld; ++r) {
+          if (!on[r]) continue;
+          const float* scales = Fp8RowScales(reinterpret_cast<const uint8_t*>(src[r]), p.row_bytes);
+#pragma unroll
+          for (int u = 0; u < kQU; ++u) {
+            const int vv = v + u * kWarpSize;
+            if (vv < v1) {
+              q[r][u] = LoadPeer8(reinterpret_cast<const uint2*>(src[r]) + vv);
+              sc[r][u] = kQuant == kQuantFp8Block ? LoadPeerF(scales + vv / kFp8BlockVecs) : 1.f;
+            }
+          }
+        }
+        float acc[kQU][kE];
+#pragma unroll
+        for (int u = 0; u < kQU; ++u)
+#pragma unroll
+          for (int e = 0; e < kE; ++e) acc[u][e] = 0.f;
+#pragma unroll
+        for (int r = 0; r < kWorld; ++r) {
+          if (!on[r]) continue;
+#pragma unroll
+          for (int u = 0; u < kQU; ++u)
+            if (v + u * kWarpSize < v1) Fp8Accumulate<kQuant>(acc[u], q[r][u].x, q[r][u].y, sc[r][u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kQU; ++u)
+          if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, VT::Pack(acc[u]));
+      }
     }
     if (part == 0 && use_w && lane < g.topk) {
       float w = 0.f;
@@ -196,53 +316,75 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
     }
     item = use_queue ? ShflIdx(next, 0) : sp.items;
   }
+  MORI_PROF_END(a, kProfCombineReduce, round);
 }
 
-template <typename Tag, int kWorld, bool kPush>
-void Launch(const EpKernelArgs& args, const CombineParams& params, int blocks, int threads, gpuStream_t stream) {
-  CombineKernel<Tag, kWorld, kPush><<<blocks, threads, 0, stream>>>(args, params);
-}
+// One kernel variant: element tag, FP8 transport, standard-MoE input.
+template <typename Tag, int kQuant, bool kStd>
+struct CombineVariant {
+  template <int kWorld, bool kPush>
+  static void Launch(const EpKernelArgs& args, const CombineParams& params, int blocks, int threads,
+                     gpuStream_t stream) {
+    CombineKernel<Tag, kWorld, kPush, kQuant, kStd><<<blocks, threads, 0, stream>>>(args, params);
+  }
+  template <int kWorld, bool kPush>
+  static int BlocksPerSm(int threads) {
+    int n = 0;
+    MORI_GPU_CHECK(
+        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&n, CombineKernel<Tag, kWorld, kPush, kQuant, kStd>, threads, 0));
+    return n;
+  }
+  // The standard-MoE variant only pushes: its pull instantiation never exists.
+  template <int kWorld>
+  static void LaunchMode(bool push, const EpKernelArgs& args, const CombineParams& params, int blocks, int threads,
+                         gpuStream_t stream) {
+    if constexpr (kStd) {
+      Launch<kWorld, true>(args, params, blocks, threads, stream);
+    } else {
+      push ? Launch<kWorld, true>(args, params, blocks, threads, stream)
+           : Launch<kWorld, false>(args, params, blocks, threads, stream);
+    }
+  }
+  template <int kWorld>
+  static int BlocksPerSmMode(bool push, int threads) {
+    if constexpr (kStd) {
+      return BlocksPerSm<kWorld, true>(threads);
+    } else {
+      return push ? BlocksPerSm<kWorld, true>(threads) : BlocksPerSm<kWorld, false>(threads);
+    }
+  }
+  static void LaunchFor(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,
+                        gpuStream_t stream) {
+    const int w = args.geo.world <= 2 ? 2 : (args.geo.world <= 4 ? 4 : 8);
+    if (w == 2)
+      LaunchMode<2>(push, args, params, blocks, threads, stream);
+    else if (w == 4)
+      LaunchMode<4>(push, args, params, blocks, threads, stream);
+    else
+      LaunchMode<8>(push, args, params, blocks, threads, stream);
+  }
+  static int BlocksPerSmForWorld(int world, bool push, int threads) {
+    const int w = world <= 2 ? 2 : (world <= 4 ? 4 : 8);
+    return w == 2 ? BlocksPerSmMode<2>(push, threads)
+                  : (w == 4 ? BlocksPerSmMode<4>(push, threads) : BlocksPerSmMode<8>(push, threads));
+  }
+};
 
-template <typename Tag, int kWorld, bool kPush>
-int MaxBlocksPerSm(int threads) {
-  int n = 0;
-  MORI_GPU_CHECK(gpuOccupancyMaxActiveBlocksPerMultiprocessor(&n, CombineKernel<Tag, kWorld, kPush>, threads, 0));
-  return n;
-}
-
-template <typename Tag, int kWorld>
-int MaxBlocksPerSmFor(bool push, int threads) {
-  return push ? MaxBlocksPerSm<Tag, kWorld, true>(threads) : MaxBlocksPerSm<Tag, kWorld, false>(threads);
-}
-
-
-// Instantiated once per dtype (ep_combine_bf16.cu, ep_combine_fp32.cu) so the
-// two translation units compile in parallel.
-template <typename Tag>
-void LaunchCombineFor(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,
-                      gpuStream_t stream) {
-  const int w = args.geo.world <= 2 ? 2 : (args.geo.world <= 4 ? 4 : 8);
-  if (w == 2)
-    push ? Launch<Tag, 2, true>(args, params, blocks, threads, stream) : Launch<Tag, 2, false>(args, params, blocks, threads, stream);
-  else if (w == 4)
-    push ? Launch<Tag, 4, true>(args, params, blocks, threads, stream) : Launch<Tag, 4, false>(args, params, blocks, threads, stream);
-  else
-    push ? Launch<Tag, 8, true>(args, params, blocks, threads, stream) : Launch<Tag, 8, false>(args, params, blocks, threads, stream);
-}
-
-template <typename Tag>
-int MaxBlocksPerSmForWorld(int world, bool push, int threads) {
-  const int w = world <= 2 ? 2 : (world <= 4 ? 4 : 8);
-  return w == 2 ? MaxBlocksPerSmFor<Tag, 2>(push, threads)
-                : (w == 4 ? MaxBlocksPerSmFor<Tag, 4>(push, threads) : MaxBlocksPerSmFor<Tag, 8>(push, threads));
-}
-
+// Instantiated in separate translation units so they compile in parallel:
+// ep_combine_{bf16,fp32}.cu (plain), ep_combine_fp8.cu (FP8 transport),
+// ep_combine_std.cu (standard-MoE input).
 void LaunchCombineBf16(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,
                        gpuStream_t stream);
 void LaunchCombineFp32(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,
                        gpuStream_t stream);
+void LaunchCombineFp8(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,
+                      gpuStream_t stream);
+void LaunchCombineStd(const EpKernelArgs& args, const CombineParams& params, CombineDtype dtype, int blocks,
+                      int threads, gpuStream_t stream);
 int CombineBlocksPerSmBf16(int world, bool push, int threads);
 int CombineBlocksPerSmFp32(int world, bool push, int threads);
+int CombineBlocksPerSmFp8(int world, int quant, bool push, int threads);
+int CombineBlocksPerSmStd(int world, CombineDtype dtype, int quant, int threads);
 
 }  // namespace dev
 }  // namespace mori::ep

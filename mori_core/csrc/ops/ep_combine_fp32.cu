@@ -3,11 +3,15 @@
 
 namespace mori::ep::dev {
 
+using Fp32Combine = CombineVariant<float, kQuantNone, false>;
+
 void LaunchCombineFp32(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,
                        gpuStream_t stream) {
-  LaunchCombineFor<float>(args, params, push, blocks, threads, stream);
+  Fp32Combine::LaunchFor(args, params, push, blocks, threads, stream);
 }
 
-int CombineBlocksPerSmFp32(int world, bool push, int threads) { return MaxBlocksPerSmForWorld<float>(world, push, threads); }
+int CombineBlocksPerSmFp32(int world, bool push, int threads) {
+  return Fp32Combine::BlocksPerSmForWorld(world, push, threads);
+}
 
 }  // namespace mori::ep::dev

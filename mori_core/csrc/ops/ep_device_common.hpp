@@ -105,4 +105,18 @@ __device__ __forceinline__ bool ArriveLast(uint32_t* counter, int* s_flag) {
   return *s_flag != 0;
 }
 
+// Copies `bytes` bytes from src to dst with the widest access both allow.
+__device__ __forceinline__ void CopySmall(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+  const uintptr_t align = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes;
+  if ((align & 15) == 0) {
+    for (int i = lane; i < bytes / 16; i += kWarpSize)
+      reinterpret_cast<int4*>(dst)[i] = reinterpret_cast<const int4*>(src)[i];
+  } else if ((align & 3) == 0) {
+    for (int i = lane; i < bytes / 4; i += kWarpSize)
+      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
+  } else {
+    for (int i = lane; i < bytes; i += kWarpSize) dst[i] = src[i];
+  }
+}
+
 }  // namespace mori::ep::dev

@@ -13,8 +13,21 @@
 // and waits (bounded) for every peer's signal; then the receive count is final,
 // is published as total_recv, and the counter is reset for round + 2 (counters
 // alternate by round parity, so back-to-back dispatches never race a reset).
+//
+// Standard-MoE mode (dispatch_standard_moe, kStd): the plan kernel
+// (ep_standard_moe.cu) already ranked this rank's tokens per expert and published
+// the per-expert counts to every rank. Every block first waits for all sources'
+// counts, so each (token, expert) row has a final position in its destination's
+// [local expert][row] layout: rows of ranks before this one, then this rank's
+// tokens before it. The copy stores the row straight there, once per distinct
+// local expert of the token (no 2-D receive buffer, no receiver-side pass); the
+// 2-D slot still carries weights, ids and the source index for the combine, plus
+// the packed row of every (slot, k) (std_row).
 #include "ops/ep_device_common.hpp"
 #include "ops/ep_kernels.hpp"
+#include "ops/ep_profiler.cuh"
+#include "ops/ep_std_layout.cuh"
+#include "shmem/gpu_ext.hpp"
 
 namespace mori::ep {
 namespace dev {
@@ -27,21 +40,7 @@ struct DispatchUnroll {
   static constexpr int value = kWorld <= 4 ? 8 : 4;
 };
 
-// Copies `bytes` bytes from src to dst with the widest access both allow.
-__device__ __forceinline__ void CopySmall(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
-  const uintptr_t align = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes;
-  if ((align & 15) == 0) {
-    for (int i = lane; i < bytes / 16; i += kWarpSize)
-      reinterpret_cast<int4*>(dst)[i] = reinterpret_cast<const int4*>(src)[i];
-  } else if ((align & 3) == 0) {
-    for (int i = lane; i < bytes / 4; i += kWarpSize)
-      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
-  } else {
-    for (int i = lane; i < bytes; i += kWarpSize) dst[i] = src[i];
-  }
-}
-
-template <int kWorld>
+template <int kWorld, bool kStd>
 __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKernelArgs a, DispatchParams p) {
   extern __shared__ int4 smem_raw[];
   const int T = blockDim.x, tid = threadIdx.x, lane = LaneId();
@@ -51,6 +50,10 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   int32_t* s_warp_off = reinterpret_cast<int32_t*>(s_mask + T);  // [32][kWorld]
   int32_t* s_base = s_warp_off + 32 * kWorld;                    // [kWorld]
   int* s_flag = s_base + kWorld;
+  // standard MoE only: [num_experts] rows of earlier sources, [T][topk] packed rows, [T] duplicate-k masks
+  int32_t* s_ebase = s_flag + 4;
+  int32_t* s_rows = s_ebase + (kStd ? a.geo.num_experts : 0);
+  uint32_t* s_dup = reinterpret_cast<uint32_t*>(s_rows + (kStd ? T * a.geo.topk : 0));
 
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
@@ -61,8 +64,14 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   const int world = g.world, n = p.num_tokens, vecs = p.row_bytes / 16;
   const int chunk = (n + gridDim.x - 1) / gridDim.x;
   const int begin = min(n, static_cast<int>(blockIdx.x) * chunk), end = min(n, begin + chunk);
+  if constexpr (kStd) {
+    MORI_PROF_BEGIN(a, kProfStdWait, round);
+    if (!StdWaitCounts(a, round, s_ebase)) return;
+    MORI_PROF_END(a, kProfStdWait, round);
+  }
 
   for (int r0 = begin; r0 < end; r0 += T) {
+    MORI_PROF_BEGIN(a, kProfDispatchRoute, round);
     const int cnt = min(T, end - r0);
     // 1. destination mask, one thread per token
     uint32_t mask = 0;
@@ -112,8 +121,12 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
           a.buf.dest_slot[t * world + r] = slot;
         }
       }
+      if constexpr (kStd)
+        s_dup[tid] = StdTokenRows(a, round, static_cast<int>(t), p.indices + t * g.topk, s_ebase, s_rows + tid * g.topk);
     }
     __syncthreads();
+    MORI_PROF_END(a, kProfDispatchRoute, round);
+    MORI_PROF_BEGIN(a, kProfDispatchCopy, round);
     // 4. copy (token, slice) items; slices keep all warps busy when tokens are few
     int parts = max(1, nwarps / cnt);
     parts = min(parts, max(1, vecs / kWarpSize));
@@ -133,20 +146,28 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       }
       const int4* src = reinterpret_cast<const int4*>(p.input + t * p.row_bytes);
       const int v1 = min(vecs, (part + 1) * vpp);
-      for (int v = part * vpp + lane; v < v1; v += kWarpSize * kDispatchUnroll) {
-        int4 x[kDispatchUnroll];
-#pragma unroll
-        for (int u = 0; u < kDispatchUnroll; ++u)
-          if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
-#pragma unroll
-        for (int r = 0; r < kWorld; ++r) {
-          if (!on[r]) continue;
+      if constexpr (kStd) {
+        StdCopyToken(a, src, p.indices + t * g.topk, s_rows + li * g.topk, s_dup[li], part * vpp, v1, p.row_bytes,
+                     lane);
+      } else {
+        for (int v = part * vpp + lane; v < v1; v += kWarpSize * kDispatchUnroll) {
+          int4 x[kDispatchUnroll];
 #pragma unroll
           for (int u = 0; u < kDispatchUnroll; ++u)
-            if (v + u * kWarpSize < v1) Store16(dst[r] + v + u * kWarpSize, x[u]);
+            if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
+#pragma unroll
+          for (int r = 0; r < kWorld; ++r) {
+            if (!on[r]) continue;
+#pragma unroll
+            for (int u = 0; u < kDispatchUnroll; ++u)
+              if (v + u * kWarpSize < v1) Store16(dst[r] + v + u * kWarpSize, x[u]);
+          }
         }
       }
       if (part != 0) continue;
+      // standard MoE: lane k knows the packed row of entry k and the rank it lives on
+      const int my_row = kStd && lane < g.topk ? s_rows[li * g.topk + lane] : -1;
+      const int my_rank = my_row >= 0 ? p.indices[t * g.topk + lane] / g.experts_per_rank : -1;
 #pragma unroll
       for (int r = 0; r < kWorld; ++r) {
         if (!on[r]) continue;
@@ -155,18 +176,24 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
           if (p.weights)
             Peer(a, a.buf.dispatch_out_weights, r)[slot * g.topk + lane] = p.weights[t * g.topk + lane];
           Peer(a, a.buf.dispatch_out_indices, r)[slot * g.topk + lane] = p.indices[t * g.topk + lane];
+          if (kStd) Peer(a, a.std.std_row, r)[slot * g.topk + lane] = my_rank == r ? my_row : -1;
         }
-        if (p.scales)
+        if (p.scales && !kStd)
           CopySmall(Peer(a, a.buf.dispatch_out_scales, r) + slot * g.scale_bytes, p.scales + t * g.scale_bytes,
                     g.scale_bytes, lane);
         if (lane == 0) Peer(a, a.buf.src_pos, r)[slot] = g.rank * g.max_send + static_cast<int32_t>(t);
       }
+      if constexpr (kStd)
+        StdRowMeta(a, p.scales ? p.scales + t * g.scale_bytes : nullptr, p.indices + t * g.topk,
+                   s_rows + li * g.topk, s_dup[li], g.rank * g.max_send + static_cast<int32_t>(t), lane);
     }
     __syncthreads();
+    MORI_PROF_END(a, kProfDispatchCopy, round);
   }
 
   // 5. completion: the last block signals the round to every peer, then waits for theirs
   if (!ArriveLast(&st->dispatch_arrive, s_flag)) return;
+  MORI_PROF_BEGIN(a, kProfDispatchSignal, round);
   if (tid < world) {
     FenceSys();
     StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
@@ -184,12 +211,33 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     }
     st->total_recv = total;
     st->dispatch_tokens = n;
+    st->dispatch_weighted = p.weights != nullptr;
+    if (kStd) st->std_round = round;
     st->dispatch_epoch = round;
   }
+  MORI_PROF_END(a, kProfDispatchSignal, round);
 }
 
-size_t DispatchSmemBytes(int threads, int world) {
-  return sizeof(int32_t) * (static_cast<size_t>(threads) * world + threads + 32 * world + world + 4);
+}  // namespace dev
+
+size_t DispatchSmemBytes(int threads, int world, bool standard_moe, int num_experts, int topk) {
+  const size_t base = static_cast<size_t>(threads) * world + threads + 32 * world + world + 4;
+  const size_t std_part = standard_moe ? static_cast<size_t>(num_experts) + static_cast<size_t>(threads) * topk + threads : 0;
+  return sizeof(int32_t) * (base + std_part);
+}
+
+namespace dev {
+
+template <int kWorld>
+void LaunchDispatchWorld(const EpKernelArgs& args, const DispatchParams& params, int blocks, int threads, size_t smem,
+                         gpuStream_t stream) {
+  if (params.standard_moe) {
+    auto kernel = DispatchKernel<kWorld, true>;
+    if (smem > 48 * 1024) MORI_GPU_CHECK(gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(smem)));
+    kernel<<<blocks, threads, smem, stream>>>(args, params);
+  } else {
+    DispatchKernel<kWorld, false><<<blocks, threads, smem, stream>>>(args, params);
+  }
 }
 
 }  // namespace dev
@@ -199,13 +247,13 @@ int KernelWarpSize() { return dev::kWarpSize; }
 void LaunchDispatch(const EpKernelArgs& args, const DispatchParams& params, int blocks, int warps, gpuStream_t stream) {
   const int threads = warps * dev::kWarpSize;
   const int w = args.geo.world <= 2 ? 2 : (args.geo.world <= 4 ? 4 : 8);
-  const size_t smem = dev::DispatchSmemBytes(threads, w);
+  const size_t smem = DispatchSmemBytes(threads, w, params.standard_moe != 0, args.geo.num_experts, args.geo.topk);
   if (w == 2)
-    dev::DispatchKernel<2><<<blocks, threads, smem, stream>>>(args, params);
+    dev::LaunchDispatchWorld<2>(args, params, blocks, threads, smem, stream);
   else if (w == 4)
-    dev::DispatchKernel<4><<<blocks, threads, smem, stream>>>(args, params);
+    dev::LaunchDispatchWorld<4>(args, params, blocks, threads, smem, stream);
   else
-    dev::DispatchKernel<8><<<blocks, threads, smem, stream>>>(args, params);
+    dev::LaunchDispatchWorld<8>(args, params, blocks, threads, smem, stream);
   MORI_GPU_CHECK(gpuGetLastError());
 }
 

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "ops/ep_profiler_phases.hpp"
 #include "shmem/gpu_ext.hpp"
 #include "shmem/shmem_state.hpp"
 
@@ -59,6 +60,30 @@ Layout MakeLayout(const EpHandleConfig& c, size_t row_cap) {
   l.Add("dest_slot", tok * c.world_size * 4);
   l.Add("token_mask", tok * 4);
   l.Add("sync", sizeof(EpSyncState));
+  l.Add("std_counts", 2 * static_cast<size_t>(c.world_size) * c.world_size * c.num_experts_per_rank * sizeof(int32_t));
+  l.Add("std_flags", kMaxWorld * sizeof(uint32_t));
+  l.total = AlignUp(l.total, kAlign);
+  return l;
+}
+
+int TokenWords(const EpHandleConfig& c) { return (c.max_num_inp_token_per_rank + 31) / 32; }
+
+// Standard-MoE buffers (a second heap block, allocated on first use).
+Layout MakeStdLayout(const EpHandleConfig& c, size_t row_cap) {
+  const size_t el = c.num_experts_per_rank, tpe = static_cast<size_t>(c.world_size) * c.max_num_inp_token_per_rank;
+  const size_t ne = el * c.world_size, words = TokenWords(c), k = c.num_experts_per_token;
+  const size_t scale_bytes = static_cast<size_t>(c.scale_dim) * c.scale_type_size;
+  Layout l;
+  l.Add("packed_x", el * tpe * row_cap);
+  l.Add("packed_scales", el * tpe * scale_bytes);
+  l.Add("packed_src_info", el * tpe * 4);
+  l.Add("std_row", static_cast<size_t>(c.max_num_tokens_to_recv) * k * 4);
+  l.Add("packed_count", el * 4);
+  l.Add("layout_range", el * c.world_size * 8);
+  l.Add("plan_bits", 2 * ne * words * 4);
+  l.Add("plan_prefix", ne * words * 4);
+  l.Add("conv_bits", el * c.world_size * words * 4);
+  l.Add("conv_prefix", el * c.world_size * words * 4);
   l.total = AlignUp(l.total, kAlign);
   return l;
 }
@@ -137,6 +162,19 @@ EpHandle::EpHandle(const EpHandleConfig& c) : cfg_(c) {
   b.token_mask = reinterpret_cast<uint32_t*>(at("token_mask"));
   b.sync = reinterpret_cast<EpSyncState*>(at("sync"));
   b.error = static_cast<EpErrorRecord*>(dev_error);
+  b.std_counts = reinterpret_cast<int32_t*>(at("std_counts"));
+  b.std_flags = reinterpret_cast<uint32_t*>(at("std_flags"));
+  g.tpe = c.world_size * c.max_num_inp_token_per_rank;
+  g.tok_words = TokenWords(c);
+#if MORI_ENABLE_PROFILER
+  const size_t prof_bytes = sizeof(int64_t) * 2 * static_cast<size_t>(kProfMaxWarps) * kProfEventsPerWarp;
+  MORI_GPU_CHECK(gpuMalloc(reinterpret_cast<void**>(&prof_events_), prof_bytes));
+  MORI_GPU_CHECK(gpuMalloc(reinterpret_cast<void**>(&prof_cursor_), sizeof(int32_t) * kProfMaxWarps));
+  MORI_GPU_CHECK(gpuMemset(prof_events_, 0, prof_bytes));
+  MORI_GPU_CHECK(gpuMemset(prof_cursor_, 0, sizeof(int32_t) * kProfMaxWarps));
+  b.prof_events = prof_events_;
+  b.prof_cursor = prof_cursor_;
+#endif
   for (int pe = 0; pe < kMaxWorld; ++pe)
     args_.peer_delta[pe] = pe < c.world_size ? static_cast<int64_t>(heap.PeerBase(pe) - heap.base()) : 0;
 }
@@ -152,9 +190,19 @@ void EpHandle::Close() {
   if (block_ && shmem::Initialized() && shmem::Generation() == generation_) {
     DeviceGuard guard(device_);
     (void)gpuDeviceSynchronize();
+    if (std_block_) shmem::Heap().Free(std_block_);
     shmem::Heap().Free(block_);
   }
   block_ = nullptr;
+  std_block_ = nullptr;
+  args_.std = EpStdBuffers{};
+  if (prof_events_ || prof_cursor_) {
+    DeviceGuard guard(device_);
+    if (prof_events_) (void)gpuFree(prof_events_);
+    if (prof_cursor_) (void)gpuFree(prof_cursor_);
+    prof_events_ = nullptr;
+    prof_cursor_ = nullptr;
+  }
   if (host_error_) {
     (void)gpuFreeHost(host_error_);
     host_error_ = nullptr;
@@ -180,8 +228,8 @@ void EpHandle::set_timeout_ms(int64_t ms) {
   args_.geo.timeout_ns = static_cast<uint64_t>(ms) * 1000000ull;
 }
 
-void EpHandle::Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales,
-                        uintptr_t indices, int blocks, int warps, uintptr_t stream) {
+DispatchParams EpHandle::CheckedDispatchParams(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights,
+                                               uintptr_t scales, uintptr_t indices, int blocks, int warps) const {
   CheckUsable();
   EP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank,
           "num_tokens must be in [0, max_num_inp_token_per_rank=" + std::to_string(cfg_.max_num_inp_token_per_rank) +
@@ -200,31 +248,55 @@ void EpHandle::Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_
   p.indices = reinterpret_cast<const int32_t*>(indices);
   p.num_tokens = num_tokens;
   p.row_bytes = row_bytes;
+  return p;
+}
+
+void EpHandle::Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales,
+                        uintptr_t indices, int blocks, int warps, uintptr_t stream) {
+  const DispatchParams p = CheckedDispatchParams(input, row_bytes, num_tokens, weights, scales, indices, blocks, warps);
   DeviceGuard guard(device_);
   LaunchDispatch(args_, p, blocks, warps, reinterpret_cast<gpuStream_t>(stream));
 }
 
-void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights, int weight_rows,
-                       bool weights_symmetric, uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
-                       uintptr_t stream) {
+int EpHandle::CheckedCombineRowBytes(int dtype, int hidden_dim, int num_tokens, uintptr_t indices, int blocks,
+                                     int warps) const {
   CheckUsable();
   EP_CHECK_ARG(dtype == 0 || dtype == 1, "combine dtype code must be 0 (bf16) or 1 (fp32)");
-  const int elem = dtype == 0 ? 2 : 4;
-  const int row_bytes = hidden_dim * elem;
+  const int row_bytes = hidden_dim * (dtype == 0 ? 2 : 4);
   EP_CHECK_ARG(hidden_dim > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
           "combine rows must be a positive multiple of 16 bytes up to " + std::to_string(row_cap_) + ", got " +
               std::to_string(row_bytes));
   EP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank, "num_tokens out of range");
   EP_CHECK_ARG(num_tokens == 0 || indices, "indices must be non-null");
-  EP_CHECK_ARG(!push || input % 16 == 0, "input must be 16-byte aligned");
   EP_CHECK_ARG(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
   CheckWarps(warps, kCombineMaxThreads, "combine");
+  if (combine_quant_ != kQuantNone) {
+    EP_CHECK_ARG(dtype == 0, "FP8 combine (quant_type fp8_*) carries bf16 rows; got fp32 combine input");
+    EP_CHECK_ARG(combine_quant_ != kQuantFp8Block || hidden_dim % kFp8BlockElems == 0,
+                 "quant_type fp8_blockwise needs a hidden size that is a multiple of " +
+                     std::to_string(kFp8BlockElems) + ", got " + std::to_string(hidden_dim));
+  }
+  return row_bytes;
+}
+
+int EpHandle::CombineGrid(int dtype, bool push, bool standard_moe, int warps, int blocks) {
   const CombineDtype dt = dtype == 0 ? CombineDtype::kBf16 : CombineDtype::kFp32;
-  auto key = std::make_tuple(dtype, push, warps);
+  auto key = std::make_tuple(dtype, push, warps, combine_quant_, standard_moe);
   auto it = combine_grid_cap_.find(key);
   if (it == combine_grid_cap_.end())
-    it = combine_grid_cap_.emplace(key, CombineMaxCoResidentBlocks(cfg_.world_size, dt, push, warps, device_)).first;
-  blocks = std::min(blocks, std::max(1, it->second));
+    it = combine_grid_cap_
+             .emplace(key, CombineMaxCoResidentBlocks(cfg_.world_size, dt, push, combine_quant_, standard_moe, warps,
+                                                      device_))
+             .first;
+  return std::min(blocks, std::max(1, it->second));
+}
+
+void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights, int weight_rows,
+                       bool weights_symmetric, uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
+                       uintptr_t stream) {
+  const int row_bytes = CheckedCombineRowBytes(dtype, hidden_dim, num_tokens, indices, blocks, warps);
+  EP_CHECK_ARG(!push || input % 16 == 0, "input must be 16-byte aligned");
+  blocks = CombineGrid(dtype, push, false, warps, blocks);
   CombineParams p{};
   p.input = reinterpret_cast<const uint8_t*>(input);
   p.weights = reinterpret_cast<const float*>(weights);
@@ -235,8 +307,10 @@ void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_row
   p.weights_symmetric = weights_symmetric ? 1 : 0;
   p.num_tokens = num_tokens;
   p.check_input_rows = push ? 1 : 0;
+  p.quant = combine_quant_;
   DeviceGuard guard(device_);
-  LaunchCombine(args_, p, dt, push, blocks, warps, reinterpret_cast<gpuStream_t>(stream));
+  LaunchCombine(args_, p, dtype == 0 ? CombineDtype::kBf16 : CombineDtype::kFp32, push, blocks, warps,
+                reinterpret_cast<gpuStream_t>(stream));
 }
 
 std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::Buffers() const {
@@ -288,11 +362,158 @@ std::string EpHandle::ErrorMessage() const {
          << (static_cast<uint64_t>(e->b) >> 32) << " but dispatch sent it to 0x" << (static_cast<uint64_t>(e->b) & 0xffffffffu)
          << std::dec << "; pass this rank's own routing indices from dispatch";
       break;
+    case kErrStdStale:
+      os << "EP " << phase << " on rank " << rank << ": no standard-MoE layout of the current dispatch (round "
+         << e->b << ", layout of round " << e->a
+         << "); call dispatch_standard_moe() or convert_dispatch_output() after dispatch() first";
+      break;
+    case kErrConvertRows:
+      os << "EP convert_dispatch_output on rank " << rank << ": given " << e->b << " rows but dispatch received "
+         << e->a << " tokens; pass the dispatch outputs (at least total_recv rows)";
+      break;
     default:
       os << "EP kernel on rank " << rank << " reported error code " << code;
   }
   os << " [the operator is now unusable; recreate it on every rank]";
   return os.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8 combine, standard-MoE layout, profiler (issue #15)
+
+void EpHandle::SetCombineQuant(int quant) {
+  Require(quant == kQuantNone || quant == kQuantFp8Cast || quant == kQuantFp8Block,
+          "combine quant code must be 0 (none), 1 (fp8_direct_cast) or 2 (fp8_blockwise), got " + std::to_string(quant));
+  combine_quant_ = quant;
+}
+
+uint64_t EpHandle::EnsureStandardMoe() {
+  CheckUsable();
+  if (!std_block_) {
+    const Layout l = MakeStdLayout(cfg_, row_cap_);
+    shmem::SymmetricHeap& heap = shmem::Heap();
+    std_block_ = static_cast<uint8_t*>(heap.Malloc(l.total, 4096));
+    std_bytes_ = l.total;
+    std_offset_ = static_cast<uint64_t>(std_block_ - heap.base());
+    DeviceGuard guard(device_);
+    MORI_GPU_CHECK(gpuMemset(std_block_, 0, std_bytes_));
+    auto at = [&](const char* name) { return std_block_ + l.Off(name); };
+    EpStdBuffers& b = args_.std;
+    b.packed_x = at("packed_x");
+    b.packed_scales = at("packed_scales");
+    b.packed_src_info = reinterpret_cast<int32_t*>(at("packed_src_info"));
+    b.std_row = reinterpret_cast<int32_t*>(at("std_row"));
+    b.packed_count = reinterpret_cast<int32_t*>(at("packed_count"));
+    b.layout_range = reinterpret_cast<int64_t*>(at("layout_range"));
+    b.plan_bits = reinterpret_cast<uint32_t*>(at("plan_bits"));
+    b.plan_prefix = reinterpret_cast<int32_t*>(at("plan_prefix"));
+    b.conv_bits = reinterpret_cast<uint32_t*>(at("conv_bits"));
+    b.conv_prefix = reinterpret_cast<int32_t*>(at("conv_prefix"));
+  }
+  return std_offset_;
+}
+
+void EpHandle::RequireStandardMoe() const {
+  CheckUsable();
+  if (!std_block_) throw BadState("the standard-MoE buffers are not allocated (EnsureStandardMoe first)");
+}
+
+void EpHandle::DispatchStandardMoe(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights,
+                                   uintptr_t scales, uintptr_t indices, int blocks, int warps, uintptr_t stream) {
+  RequireStandardMoe();
+  DispatchParams p = CheckedDispatchParams(input, row_bytes, num_tokens, weights, scales, indices, blocks, warps);
+  p.standard_moe = 1;
+  const size_t smem = DispatchSmemBytes(warps * KernelWarpSize(), cfg_.world_size <= 2 ? 2 : (cfg_.world_size <= 4 ? 4 : 8),
+                                        true, args_.geo.num_experts, cfg_.num_experts_per_token);
+  Require(smem <= 64 * 1024, "dispatch_standard_moe needs " + std::to_string(smem) +
+                                 " bytes of shared memory per block at warp_per_block=" + std::to_string(warps) +
+                                 " (at most 65536); use fewer warps per block");
+  const int plan_blocks = std::max(
+      1, std::min(sm_count_, (num_tokens * cfg_.num_experts_per_token + kStdPlanThreads - 1) / kStdPlanThreads));
+  DeviceGuard guard(device_);
+  const gpuStream_t s = reinterpret_cast<gpuStream_t>(stream);
+  LaunchStdPlan(args_, p.indices, num_tokens, plan_blocks, s);
+  LaunchDispatch(args_, p, blocks, warps, s);
+}
+
+void EpHandle::ConvertDispatchOutput(uintptr_t x, int row_bytes, int x_rows, uintptr_t ids, int blocks, int warps,
+                                     uintptr_t stream) {
+  RequireStandardMoe();
+  Require(row_bytes > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
+          "dispatch_out_x rows must be a positive multiple of 16 bytes up to " + std::to_string(row_cap_) + ", got " +
+              std::to_string(row_bytes));
+  Require(x % 16 == 0 && x && ids, "dispatch_out_x and dispatch_out_topk_idx must be non-null, x 16-byte aligned");
+  Require(x_rows >= 0, "dispatch_out_x rows must be >= 0");
+  Require(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
+  CheckWarps(warps, kDispatchMaxThreads, "convert_dispatch_output");
+  DeviceGuard guard(device_);
+  LaunchConvertDispatch(args_, reinterpret_cast<const uint8_t*>(x), row_bytes, x_rows,
+                        reinterpret_cast<const int32_t*>(ids), blocks, warps, reinterpret_cast<gpuStream_t>(stream));
+}
+
+void EpHandle::ConvertCombineInput(uintptr_t packed, int dtype, int hidden_dim, int blocks, int warps,
+                                   uintptr_t stream) {
+  RequireStandardMoe();
+  Require(dtype == 0 || dtype == 1, "packed_recv_x dtype code must be 0 (bf16) or 1 (fp32)");
+  const int row_bytes = hidden_dim * (dtype == 0 ? 2 : 4);
+  Require(hidden_dim > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
+          "packed_recv_x rows must be a positive multiple of 16 bytes up to " + std::to_string(row_cap_) + ", got " +
+              std::to_string(row_bytes));
+  Require(packed % 16 == 0 && packed, "packed_recv_x must be non-null and 16-byte aligned");
+  Require(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
+  CheckWarps(warps, kCombineMaxThreads, "convert_combine_input");
+  DeviceGuard guard(device_);
+  LaunchConvertCombine(args_, reinterpret_cast<const uint8_t*>(packed), row_bytes,
+                       dtype == 0 ? CombineDtype::kBf16 : CombineDtype::kFp32, blocks, warps,
+                       reinterpret_cast<gpuStream_t>(stream));
+}
+
+void EpHandle::CombineStandardMoe(uintptr_t packed, int dtype, int hidden_dim, uintptr_t indices, int num_tokens,
+                                  int blocks, int warps, uintptr_t stream) {
+  RequireStandardMoe();
+  const int row_bytes = CheckedCombineRowBytes(dtype, hidden_dim, num_tokens, indices, blocks, warps);
+  Require(packed % 16 == 0 && packed, "combine_standard_moe input must be non-null and 16-byte aligned");
+  blocks = CombineGrid(dtype, true, true, warps, blocks);
+  CombineParams p{};
+  p.input = reinterpret_cast<const uint8_t*>(packed);
+  p.indices = reinterpret_cast<const int32_t*>(indices);
+  p.row_bytes = row_bytes;
+  p.num_tokens = num_tokens;
+  p.quant = combine_quant_;
+  p.standard_moe = 1;
+  DeviceGuard guard(device_);
+  LaunchCombine(args_, p, dtype == 0 ? CombineDtype::kBf16 : CombineDtype::kFp32, true, blocks, warps,
+                reinterpret_cast<gpuStream_t>(stream));
+}
+
+std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::StandardMoeBuffers() const {
+  if (!block_) throw BadState("the EP operator is closed");
+  std::vector<std::tuple<std::string, uintptr_t, size_t>> out;
+  if (!std_block_) return out;
+  const Layout l = MakeStdLayout(cfg_, row_cap_);
+  for (const char* name : {"packed_x", "packed_scales", "packed_src_info", "packed_count", "layout_range"}) {
+    const auto& [off, bytes] = l.parts.at(name);
+    out.emplace_back(name, reinterpret_cast<uintptr_t>(std_block_ + off), bytes);
+  }
+  return out;
+}
+
+bool EpHandle::ProfilerEnabled() { return MORI_ENABLE_PROFILER != 0; }
+
+std::pair<uintptr_t, size_t> EpHandle::DebugTimeBuf() const {
+  if (!block_) throw BadState("the EP operator is closed");
+  if (!prof_events_) return {0, 0};
+  return {reinterpret_cast<uintptr_t>(prof_events_),
+          sizeof(int64_t) * 2 * static_cast<size_t>(kProfMaxWarps) * kProfEventsPerWarp};
+}
+
+void EpHandle::ResetDebugTimeBuf() {
+  if (!block_) throw BadState("the EP operator is closed");
+  if (!prof_events_) return;
+  DeviceGuard guard(device_);
+  MORI_GPU_CHECK(gpuDeviceSynchronize());
+  MORI_GPU_CHECK(gpuMemset(prof_events_, 0, DebugTimeBuf().second));
+  MORI_GPU_CHECK(gpuMemset(prof_cursor_, 0, sizeof(int32_t) * kProfMaxWarps));
 }
 
 }  // namespace mori::ep

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -54,6 +55,33 @@ class EpHandle {
 
   // name -> (device pointer, bytes) of the buffers Python views.
   std::vector<std::tuple<std::string, uintptr_t, size_t>> Buffers() const;
+
+  // ---- FP8 combine, standard-MoE layout, profiler (issue #15) ----
+  // Transport quantisation of every later combine (EpCombineQuant: 0 none,
+  // 1 fp8_direct_cast, 2 fp8_blockwise); FP8 needs bf16 rows.
+  void SetCombineQuant(int quant);
+  int combine_quant() const { return combine_quant_; }
+  // Allocates the standard-MoE buffers on first use (collective, like the
+  // constructor: every rank in the same order) and returns their heap offset.
+  uint64_t EnsureStandardMoe();
+  // dispatch_standard_moe: plan + dispatch writing rows into the destinations' 3-D layout.
+  void DispatchStandardMoe(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales,
+                           uintptr_t indices, int blocks, int warps, uintptr_t stream);
+  // convert_dispatch_output: received 2-D rows (x_rows rows) + their top-k ids -> 3-D layout.
+  void ConvertDispatchOutput(uintptr_t x, int row_bytes, int x_rows, uintptr_t ids, int blocks, int warps,
+                             uintptr_t stream);
+  // convert_combine_input: 3-D expert outputs -> registered combine input (weighted per token).
+  void ConvertCombineInput(uintptr_t packed, int dtype, int hidden_dim, int blocks, int warps, uintptr_t stream);
+  // combine_standard_moe: weighted sum of each received token's expert rows pushed to its source, then combine.
+  void CombineStandardMoe(uintptr_t packed, int dtype, int hidden_dim, uintptr_t indices, int num_tokens, int blocks,
+                          int warps, uintptr_t stream);
+  // name -> (device pointer, bytes) of the standard-MoE buffers (empty before EnsureStandardMoe).
+  std::vector<std::tuple<std::string, uintptr_t, size_t>> StandardMoeBuffers() const;
+  // (device pointer, bytes) of the profiler's event buffer; (0, 0) unless built with MORI_ENABLE_PROFILER.
+  std::pair<uintptr_t, size_t> DebugTimeBuf() const;
+  // Clears the profiler's events (no-op without the profiler).
+  void ResetDebugTimeBuf();
+  static bool ProfilerEnabled();
   // "" while no kernel reported a failure, else a description naming rank, phase and peer.
   std::string ErrorMessage() const;
   uint64_t HeapOffset() const { return heap_offset_; }
@@ -69,6 +97,13 @@ class EpHandle {
   // of this op reported a failure. Runs before every launch; costs two loads.
   void CheckUsable() const;
   void CheckWarps(int warps, int max_threads, const char* what) const;
+  DispatchParams CheckedDispatchParams(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights,
+                                       uintptr_t scales, uintptr_t indices, int blocks, int warps) const;
+  // Validates a combine launch; returns its row bytes.
+  int CheckedCombineRowBytes(int dtype, int hidden_dim, int num_tokens, uintptr_t indices, int blocks, int warps) const;
+  // block_num clamped to what fits co-resident for this combine variant.
+  int CombineGrid(int dtype, bool push, bool standard_moe, int warps, int blocks);
+  void RequireStandardMoe() const;
 
   EpHandleConfig cfg_;
   int device_ = -1;
@@ -81,7 +116,13 @@ class EpHandle {
   EpErrorRecord* host_error_ = nullptr;
   EpKernelArgs args_{};
   int row_cap_ = 0;  // bytes of a token row at hidden_dim * max_token_type_size
-  std::map<std::tuple<int, bool, int>, int> combine_grid_cap_;
+  std::map<std::tuple<int, bool, int, int, bool>, int> combine_grid_cap_;
+  int combine_quant_ = 0;
+  uint8_t* std_block_ = nullptr;  // standard-MoE buffers (allocated on first use)
+  uint64_t std_offset_ = 0;
+  uint64_t std_bytes_ = 0;
+  int64_t* prof_events_ = nullptr;  // profiler builds only
+  int32_t* prof_cursor_ = nullptr;
 };
 
 }  // namespace mori::ep

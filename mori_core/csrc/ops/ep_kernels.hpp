@@ -18,6 +18,8 @@ constexpr int kDispatchMaxThreads = 512;
 constexpr int kCombineMaxThreads = 512;
 
 void LaunchDispatch(const EpKernelArgs& args, const DispatchParams& params, int blocks, int warps, gpuStream_t stream);
+// Dynamic shared memory of a dispatch block (standard-MoE mode adds per-expert bases and per-token rows).
+size_t DispatchSmemBytes(int threads, int world, bool standard_moe, int num_experts, int topk);
 void LaunchCombine(const EpKernelArgs& args, const CombineParams& params, CombineDtype dtype, bool push, int blocks,
                    int warps, gpuStream_t stream);
 // Launches an empty kernel (one warp) with a tiny or a dispatch-sized
@@ -27,5 +29,21 @@ void LaunchEmptyKernel(bool dispatch_sized_args, bool driver_api, gpuStream_t st
 // Most blocks of the combine kernel that fit on the device at once: combine
 // blocks wait for each other, so its grid must be co-resident.
 int CombineMaxCoResidentBlocks(int world, CombineDtype dtype, bool push, int warps, int device);
+// The same for a given FP8 transport (EpCombineQuant) and standard-MoE input.
+int CombineMaxCoResidentBlocks(int world, CombineDtype dtype, bool push, int quant, bool standard_moe, int warps,
+                               int device);
+
+// Standard-MoE layout (ep_standard_moe.cu). All asynchronous on `stream`.
+// Plan of dispatch_standard_moe: ranks this rank's tokens per expert and publishes
+// the per-expert counts to every rank; LaunchDispatch with standard_moe = 1 follows.
+void LaunchStdPlan(const EpKernelArgs& args, const int32_t* indices, int num_tokens, int blocks, gpuStream_t stream);
+// convert_dispatch_output: the received 2-D rows `x` (`x_rows` rows, `row_bytes` each)
+// with their top-k ids into this rank's 3-D layout (scales from the dispatch outputs).
+void LaunchConvertDispatch(const EpKernelArgs& args, const uint8_t* x, int row_bytes, int x_rows, const int32_t* ids,
+                           int blocks, int warps, gpuStream_t stream);
+// convert_combine_input: registered combine input row i = sum_k w_k * packed[std_row[i][k]].
+void LaunchConvertCombine(const EpKernelArgs& args, const uint8_t* packed, int row_bytes, CombineDtype dtype,
+                          int blocks, int warps, gpuStream_t stream);
+constexpr int kStdPlanThreads = 256;
 
 }  // namespace mori::ep

@@ -4,6 +4,10 @@
 
 #include <cstdint>
 
+#ifndef MORI_ENABLE_PROFILER
+#define MORI_ENABLE_PROFILER 0
+#endif
+
 namespace mori::ep {
 
 constexpr int kMaxWorld = 8;  // IntraNode: the GPUs of one node
@@ -17,7 +21,16 @@ enum EpErrorCode : int32_t {
   kErrCombineRows = 4,      // combine input has fewer rows than tokens received
   kErrCombineWeightRows = 5,
   kErrRoutingMismatch = 6,  // combine indices route a token differently than dispatch
+  kErrStdStale = 7,         // standard-MoE combine/convert without a standard-MoE layout of this dispatch
+  kErrConvertRows = 8,      // convert_dispatch_output got fewer rows than tokens received
 };
+// Combine-side transport quantisation (EpDispatchCombineConfig.quant_type).
+enum EpCombineQuant : int32_t {
+  kQuantNone = 0,
+  kQuantFp8Cast = 1,   // fp8_direct_cast: every element saturated to e4m3, no scale
+  kQuantFp8Block = 2,  // fp8_blockwise: one fp32 scale per 128-channel block
+};
+constexpr int kFp8BlockElems = 128;
 enum EpPhase : int32_t { kPhaseDispatch = 1, kPhaseCombine = 2 };
 
 // Host-mapped (pinned) memory: kernels write, the host reads without syncing.
@@ -44,6 +57,11 @@ struct EpSyncState {
   int32_t failed;            // set once any kernel of this op reported an error
   int32_t error_claim;       // first reporter wins
   int32_t combine_items[2];  // combine work queue heads, by round parity (each launch clears the other)
+  uint32_t plan_arrive;      // blocks of the standard-MoE plan / converter that finished
+  uint32_t std_round;        // dispatch round whose standard-MoE layout is current (0: none)
+  int32_t dispatch_weighted; // the last dispatch carried gating weights
+  int32_t plan_words[2];     // token-bitmap words the plan of each parity set (cleared before its reuse)
+  int32_t pad_;
 };
 
 struct EpGeometry {
@@ -58,6 +76,8 @@ struct EpGeometry {
   int32_t scale_bytes;    // bytes of one token's scales (0: none)
   int32_t pad_;
   uint64_t timeout_ns;
+  int32_t tpe;            // standard MoE: rows per local expert (world * max_tok)
+  int32_t tok_words;      // 32-bit words of a max_tok-bit token bitmap
 };
 
 // Addresses in THIS rank's heap; peer pe's twin is at `ptr + peer_delta[pe]`.
@@ -82,12 +102,34 @@ struct EpBuffers {
   uint32_t* token_mask;         // [max_tok]: destination-rank bit mask of token t
   EpSyncState* sync;
   EpErrorRecord* error;         // device alias of the host-mapped record
+  // standard-MoE count exchange (symmetric, zeroed with the op; written by peers)
+  int32_t* std_counts;          // [2][world][num_experts]: rows each source sends to each expert, by round parity
+  uint32_t* std_flags;          // [kMaxWorld]: round whose counts each source published
+#if MORI_ENABLE_PROFILER
+  int64_t* prof_events;         // [kProfMaxWarps][kProfEventsPerWarp][2] (time ns, meta)
+  int32_t* prof_cursor;         // [kProfMaxWarps] events written per warp slot
+#endif
+};
+
+// Standard-MoE (DeepEP 3-D) layout buffers, allocated on first use (null before).
+struct EpStdBuffers {
+  uint8_t* packed_x;            // [E_local][tpe][row] symmetric: peers write rows here
+  uint8_t* packed_scales;       // [E_local][tpe][scale_bytes] symmetric
+  int32_t* packed_src_info;     // [E_local][tpe] symmetric: flat source index of each row
+  int32_t* std_row;             // [max_recv][topk] symmetric: packed row of (received token, k), -1 if not local
+  int32_t* packed_count;        // [E_local]
+  int64_t* layout_range;        // [E_local][world]: rows from each source, (count | begin << 32)
+  uint32_t* plan_bits;          // [2][num_experts][tok_words] source side: token bitmap per expert, by parity
+  int32_t* plan_prefix;         // [num_experts][tok_words] exclusive prefix popcount per word
+  uint32_t* conv_bits;          // [E_local][world * tok_words] converter: source-token bitmap per local expert
+  int32_t* conv_prefix;         // [E_local][world * tok_words]
 };
 
 struct EpKernelArgs {
   EpGeometry geo;
   EpBuffers buf;
   int64_t peer_delta[kMaxWorld];
+  EpStdBuffers std;
 };
 
 struct DispatchParams {
@@ -97,6 +139,7 @@ struct DispatchParams {
   const int32_t* indices;
   int32_t num_tokens;
   int32_t row_bytes;
+  int32_t standard_moe;   // 1: write rows straight into the destinations' 3-D standard-MoE layout
 };
 
 struct CombineParams {
@@ -109,6 +152,8 @@ struct CombineParams {
   int32_t weights_symmetric;  // weights == this rank's dispatch_out_weights: peers read them in place
   int32_t num_tokens;
   int32_t check_input_rows;   // push mode reads `input`; pull mode reads combine_inp
+  int32_t quant;              // EpCombineQuant of the rows that cross the link
+  int32_t standard_moe;       // 1: `input` is the 3-D standard-MoE layout (push only)
 };
 
 }  // namespace mori::ep

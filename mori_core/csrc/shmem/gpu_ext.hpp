@@ -17,6 +17,11 @@ using gpuFuncAttributes = hipFuncAttributes;
 #define gpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define gpuGetLastErrorClear hipGetLastError
 #define gpuErrorPeerAccessAlreadyEnabled hipErrorPeerAccessAlreadyEnabled
+// Lets a kernel use more than the default 48 KiB of dynamic shared memory.
+template <typename Kernel>
+inline gpuError_t gpuFuncSetMaxDynamicSmem(Kernel kernel, int bytes) {
+  return hipFuncSetAttribute(reinterpret_cast<const void*>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
 #else
 using gpuFuncAttributes = cudaFuncAttributes;
 #define gpuHostAllocMapped cudaHostAllocMapped
@@ -28,5 +33,10 @@ using gpuFuncAttributes = cudaFuncAttributes;
 #define gpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define gpuGetLastErrorClear cudaGetLastError
 #define gpuErrorPeerAccessAlreadyEnabled cudaErrorPeerAccessAlreadyEnabled
+// Lets a kernel use more than the default 48 KiB of dynamic shared memory.
+template <typename Kernel>
+inline gpuError_t gpuFuncSetMaxDynamicSmem(Kernel kernel, int bytes) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
 #endif
 #endif  // MORI_WITH_GPU

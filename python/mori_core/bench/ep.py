@@ -32,6 +32,8 @@ import time
 import traceback
 from typing import Any, Optional
 
+from mori_core.bench import ep_extensions
+
 DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "fp32": "float32"}
 SWEEP_BLOCKS = (32, 64, 96, 132, 264)
 SWEEP_WARPS = (4, 8, 16)
@@ -70,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "AsyncLL) runs the inter-node benchmark (mori_core.bench.ep_internode)")
     p.add_argument("--gpu-per-node", type=int, default=0, help="inter-node types: GPUs per node (default: all)")
     p.add_argument("--rdma-block-num", type=int, default=-1, help="inter-node V1/V1LL: blocks staging network rows")
+    ep_extensions.add_arguments(p)
 
 
 # ----------------------------------------------------------------------------- per-rank work
@@ -286,6 +289,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
             op.check_error()
             if n == tokens[0]:
                 rows.extend(_host_breakdown(op, x_bf16, w, idx, args, dev))
+            rows.extend(ep_extensions.extension_rows(op, cfg, args, n, x_bf16, w, idx, _measure, sync))
             if not args.no_nccl:
                 rows.extend(_nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev))
         sync()
@@ -404,6 +408,7 @@ def run(args: argparse.Namespace) -> int:
             note="'arguments ready' = the native launch call (_C.ep_launch_*) with pointers/sizes already extracted; "
                  "the rest of the full call is the Python wrapper (argument checks, cached views, stream lookup)",
         )
+    ep_extensions.print_extension_tables(per_rank, f"EP{world} on {world}x {name}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"world": world, "device": name, "args": vars(args), "rows": merged, "per_rank": per_rank,

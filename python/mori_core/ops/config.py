@@ -49,7 +49,11 @@ MAX_GPUS_PER_NODE = 8  # MORI's MAX_GPUS_PER_NODE: one NVLink/XGMI domain
 
 
 class EpDispatchCombineQuantType(enum.IntEnum):
-    """Combine-side transport quantisation (MORI names). Only ``None_`` is implemented."""
+    """Combine-side transport quantisation (MORI names).
+
+    ``None_``, ``Fp8DirectCast`` and ``Fp8BlockwiseQuant`` (128-channel blocks) are implemented
+    (:mod:`mori_core.ops.combine_quant`); ``Fp4BlockwiseQuant`` raises NotImplementedError.
+    """
 
     None_ = 0
     Fp8DirectCast = 1
@@ -133,7 +137,10 @@ class EpDispatchCombineConfig:
             network while the others write node peers (InterNodeV1/V1LL; 0 = every block does both).
         num_qp_per_pe: RDMA queue pairs per peer: sets NVSHMEM_IBGDA_NUM_RC_PER_PE when this op
             initialises NVSHMEM (IBGDA only; proxy transports have one proxy thread).
-        quant_type: combine transport quantisation, "none" only in this build.
+        quant_type: combine transport quantisation of the rows the combine moves: "none",
+            "fp8_direct_cast" (saturating e4m3 cast) or "fp8_blockwise" (e4m3 with one fp32 scale
+            per 128 channels); bf16 combine rows, IntraNode kernels. "fp4_blockwise" is not
+            implemented.
     """
 
     data_type: Any

@@ -21,13 +21,14 @@ from mori_core.ops.config import (
     IMPLEMENTED_KERNEL_TYPES,
     INTERNODE_KERNEL_TYPES,
     EpDispatchCombineConfig,
-    EpDispatchCombineQuantType,
     decode_src_token_pos,
     normalize_kernel_type,
-    normalize_quant_type,
 )
 from mori_core.ops.call_cache import LaunchCache, RowBuffer, stream_handle_getter, tensor_matches, typed_view
+from mori_core.ops.combine_quant import combine_quant_code
 from mori_core.ops.launch_config import LaunchParams, launch_mode
+from mori_core.ops.profiler import ProfilerMixin
+from mori_core.ops.standard_moe import StandardMoeMixin
 from mori_core.ops.validation import (
     COMBINE_DTYPES,
     DISPATCH_DTYPES,
@@ -76,7 +77,7 @@ def _byte_view(ptr: int, nbytes: int, device: torch.device) -> Optional[torch.Te
     return torch.as_tensor(_CudaBuffer(ptr, nbytes), device=device)
 
 
-class EpDispatchCombineOp:
+class EpDispatchCombineOp(StandardMoeMixin, ProfilerMixin):
     """IntraNode expert-parallel dispatch/combine on the GPUs of one node (MORI's API).
 
     Requires :func:`mori_core.shmem.shmem_torch_process_group_init` (or ``shmem_init_attr``)
@@ -100,8 +101,7 @@ class EpDispatchCombineOp:
                 f"kernel_type {kt.name} is not implemented by mori_core; this build provides IntraNode "
                 "(and IntraNodeLL, which runs the IntraNode kernels) for EP within one node"
             )
-        if normalize_quant_type(config.quant_type) != EpDispatchCombineQuantType.None_:
-            raise NotImplementedError(f"quant_type={config.quant_type!r} is not implemented; use 'none'")
+        combine_quant = combine_quant_code(config)  # FP8 transport of combine rows (combine_quant.py)
         ok, why = gpu_ops_available()
         if not ok:
             raise RuntimeError(f"EpDispatchCombineOp needs the GPU build: {why}")
@@ -130,6 +130,7 @@ class EpDispatchCombineOp:
         # Every rank must have placed the op's buffers at the same heap offset, and all ranks
         # must have zeroed them before any peer writes: one collective check does both.
         shmem.verify_symmetric(f"ep_op_offset", self._handle.heap_offset())
+        self._handle.set_combine_quant(combine_quant)
         bufs = {name: _byte_view(ptr, size, self.device) for name, (ptr, size) in self._handle.buffers().items()}
         self._bufs = bufs
         self._max_recv = config.max_num_tokens_to_recv()

@@ -27,12 +27,14 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from mori_core.ops import combine_quant
 from mori_core.ops.config import (
     INTERNODE_KERNEL_TYPES,
     EpDispatchCombineConfig,
     decode_src_token_pos,
     normalize_kernel_type,
 )
+from mori_core.ops.reference_standard_moe import ReferenceStandardMoeMixin
 from mori_core.ops.validation import (
     DISPATCH_DTYPES,
     check_combine_args,
@@ -60,7 +62,7 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-class ReferenceEpDispatchCombineOp:
+class ReferenceEpDispatchCombineOp(ReferenceStandardMoeMixin):
     """Plain-torch EP dispatch/combine (see the module docstring for the semantics).
 
     Args:
@@ -81,6 +83,7 @@ class ReferenceEpDispatchCombineOp:
         kt = normalize_kernel_type(config.kernel_type)
         # Inter-node types reduce per node before the network (see combine()).
         self._hierarchical = kt in INTERNODE_KERNEL_TYPES and config.gpu_per_node < config.world_size
+        self._combine_quant = combine_quant.combine_quant_code(config)
         self.config = config
         self.group = group
         if config.world_size > 1 or (dist.is_available() and dist.is_initialized()):
@@ -231,6 +234,10 @@ class ReferenceEpDispatchCombineOp:
             self._count_local_experts(out_indices[:total])
 
         self._state = {
+            "round": (self._state or {}).get("round", 0) + 1,
+            "recv_weights": out_weights[:total] if args.has_weights else None,
+            "recv_indices": out_indices[:total],
+            "recv_scales": out_scales[:total] if args.has_scales else None,
             "num_tokens": n,
             "mask": mask.to(dev),
             "send_tokens": [t.to(dev) for t in send_tokens],
@@ -319,7 +326,11 @@ class ReferenceEpDispatchCombineOp:
             rows = input[:total]
         else:
             rows = self.get_registered_combine_input_buffer(input.dtype, h)[:total]
+        quant = self._combine_quant
+        combine_quant.check_quantized_combine(quant, input.dtype, h)
         parts = [_as_bytes(rows.to(self.device))]
+        if quant:  # every row travels as FP8 (+ scales) in the slot of a bf16 row
+            parts[0] = combine_quant.encode_rows(rows.to(self.device), quant)
         if has_weights:
             if weights.shape[0] < total:
                 raise ValueError(f"weights has {weights.shape[0]} rows, fewer than the {total} tokens received")
@@ -348,7 +359,10 @@ class ReferenceEpDispatchCombineOp:
                 offset += cnt
                 tok = st["send_tokens"][r]
                 hit[tok] = True
-                vals = chunk[:, :row_bytes].contiguous().view(input.dtype).view(cnt, h)
+                if quant:  # every returned row travelled as FP8 (combine_quant)
+                    vals = combine_quant.decode_rows(chunk[:, :row_bytes], h, quant)
+                else:
+                    vals = chunk[:, :row_bytes].contiguous().view(input.dtype).view(cnt, h)
                 part.index_add_(0, tok, vals.to(torch.float32))
                 if part_w is not None:
                     part_w.index_add_(0, tok, chunk[:, row_bytes:].contiguous().view(torch.float32).view(cnt, topk))

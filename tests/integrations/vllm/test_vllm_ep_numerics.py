@@ -6,7 +6,8 @@ DP x EP distributed state with ``all2all_backend="mori_ep"`` and runs every case
 over the core's reference EP operator. Cases cover random routing, ragged token counts (0
 included), FP8 off/on (transport flag, per-token, 1x128 block, static and dynamic per-tensor,
 quantisation deferred to the experts), finalize-side weight-and-reduce and top-1 weight on
-input.
+input, and batched experts (MORI's standard-MoE layout; chosen by --moe-backend batched_triton or
+VLLM_MORI_EP_BATCHED_EXPERTS=1).
 """
 
 from __future__ import annotations

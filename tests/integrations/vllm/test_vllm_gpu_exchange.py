@@ -26,7 +26,8 @@ sys.path.insert(0, str(HERE))
 TIMEOUT_S = 300
 
 # (name, tokens per rank (cycled over ranks), dtype, mode)
-#   mode: "plain" | "fp8_transport" | "fp8_before_dispatch" | "reduce_in_finalize"
+#   mode: "plain" | "fp8_transport" | "fp8_before_dispatch" | "reduce_in_finalize", each optionally
+#   prefixed "batched_" (batched experts: MORI's standard-MoE layout, dispatch_batched/combine_batched)
 GPU_CASES = [
     ("bf16_ragged_with_empty_rank", (0, 37, 5, 64), torch.bfloat16, "plain"),
     ("fp32_ragged", (13, 1, 29, 8), torch.float32, "plain"),
@@ -34,6 +35,10 @@ GPU_CASES = [
     ("bf16_fp8_per_token_before_dispatch", (9, 31, 0, 12), torch.bfloat16, "fp8_before_dispatch"),
     ("fp32_reduce_in_finalize", (21, 6, 0, 33), torch.float32, "reduce_in_finalize"),
     ("no_tokens_anywhere", (0, 0, 0, 0), torch.bfloat16, "plain"),
+    ("batched_bf16_ragged", (0, 37, 5, 64), torch.bfloat16, "batched_plain"),
+    ("batched_fp32", (13, 1, 29, 8), torch.float32, "batched_plain"),
+    ("batched_bf16_fp8_transport", (24, 0, 17, 40), torch.bfloat16, "batched_fp8_transport"),
+    ("batched_bf16_fp8_per_token_before_dispatch", (9, 31, 0, 12), torch.bfloat16, "batched_fp8_before_dispatch"),
 ]
 HIDDEN, INTER, EXPERTS_PER_RANK, TOPK, MAX_TOKENS = 256, 128, 4, 3, 64
 
@@ -74,6 +79,24 @@ def _experts(received: Any, exchange: Any, w13: torch.Tensor, w2: torch.Tensor, 
     return summed.to(out_dtype)
 
 
+def _batched_experts(received: Any, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """What a vLLM BatchedExperts-format expert does: per local expert, its valid rows only
+    (rows past the counts stay NaN, so a combine that reads them fails)."""
+    x = received.hidden_states
+    counts = received.expert_num_tokens.tolist()
+    out_dtype = torch.float32 if x.dtype.itemsize == 1 else x.dtype
+    y = torch.full(x.shape, float("nan"), dtype=out_dtype, device=x.device)
+    for e, n in enumerate(counts):
+        if n:
+            rows = x[e, :n]
+            if received.scales is not None:
+                from mori_integrations.vllm import quant
+
+                rows = quant.dequantize_rows(rows, received.scales[e, :n], torch.float32)
+            y[e, :n] = _local_ffn(rows, w13[e], w2[e]).to(out_dtype)
+    return y
+
+
 def _rank(rank: int, world: int, port: int, device_type: str, q: Any) -> None:
     import torch.distributed as dist
 
@@ -105,6 +128,8 @@ def _rank(rank: int, world: int, port: int, device_type: str, q: Any) -> None:
                 problem = make_problem(
                     7 + len(name), tpr, HIDDEN, INTER, EXPERTS_PER_RANK * world, TOPK, dtype, device=device
                 )
+                batched = mode.startswith("batched_")
+                mode = mode.removeprefix("batched_")
                 fp8 = mode in ("fp8_transport", "fp8_before_dispatch")
                 cfg = MoriEpConfig(
                     rank=rank,
@@ -128,6 +153,13 @@ def _rank(rank: int, world: int, port: int, device_type: str, q: Any) -> None:
                 w13, w2 = problem.w13[experts], problem.w2[experts]
                 for _ in range(2):  # back-to-back rounds on the same operator
                     x = problem.x[mine]
+                    if batched:
+                        scales = None
+                        if mode == "fp8_before_dispatch":
+                            x, scales = quant.quantize_rows(x, 1)
+                        got = exchange.dispatch_batched(x, problem.topk_weights[mine], problem.topk_ids[mine], scales)
+                        out = exchange.combine_batched(_batched_experts(got, w13, w2).to(dtype))
+                        continue
                     if mode == "fp8_before_dispatch":
                         xq, s = quant.quantize_rows(x, 1)
                         received = exchange.dispatch(xq, problem.topk_weights[mine], problem.topk_ids[mine], s)

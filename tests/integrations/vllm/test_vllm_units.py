@@ -109,6 +109,35 @@ def test_batched_experts_are_refused() -> None:
         check_experts_compatible(_bare(BatchedTritonExperts))
 
 
+def test_batched_layout_takes_batched_experts_only() -> None:
+    from vllm.model_executor.layers.fused_moe.experts.fused_batched_moe import BatchedTritonExperts
+    from vllm_ep_experts import TorchBatchedExperts, TorchExperts
+
+    from mori_integrations.vllm.prepare_finalize import check_experts_compatible
+
+    check_experts_compatible(_bare(BatchedTritonExperts), batched=True)
+    check_experts_compatible(_bare(TorchBatchedExperts), batched=True)
+    with pytest.raises(ValueError, match="takes Standard-format rows"):
+        check_experts_compatible(_bare(TorchExperts), batched=True)
+
+
+def test_batched_format_hook_only_for_mori_ep_with_the_env_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mori_integrations.vllm import hooks
+    from mori_integrations.vllm.mori_utils import ENV_BATCHED_EXPERTS
+
+    hooks.install_batched_format_hook(hooks.resolve_targets())
+    hooks.install_batched_format_hook(hooks.resolve_targets())  # idempotent
+    mori = _parallel_config_mori_ep()
+    other = dataclasses.replace(mori, all2all_backend="allgather_reducescatter")
+    monkeypatch.delenv(ENV_BATCHED_EXPERTS, raising=False)
+    assert not mori.use_batched_activation_format
+    monkeypatch.setenv(ENV_BATCHED_EXPERTS, "1")
+    assert mori.use_batched_activation_format and not other.use_batched_activation_format
+    monkeypatch.setenv(ENV_BATCHED_EXPERTS, "maybe")
+    with pytest.raises(ValueError, match=ENV_BATCHED_EXPERTS):
+        mori.use_batched_activation_format  # noqa: B018 - the property raises
+
+
 def test_standard_experts_honouring_expert_map_are_accepted() -> None:
     from vllm_ep_experts import TorchExperts, TorchExpertsReducedInFinalize
 

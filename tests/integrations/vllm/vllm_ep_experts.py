@@ -6,6 +6,9 @@ optional FP8 activations with scales) and produces either one weighted row per t
 (like TritonExperts: ``TopKWeightAndReduceNoOP``) or unweighted per-(token, k) rows that
 finalize must reduce (``TopKWeightAndReduceDelegate``). In the second mode the rows of other
 ranks' experts are filled with NaN, so a finalize that forgets to mask them fails loudly.
+:class:`TorchBatchedExperts` consumes what a BatchedExperts-format expert receives (like
+BatchedTritonExperts): ``[local experts, max_tokens, K]`` rows with per-expert counts; rows past
+a count are left NaN, so a combine that reads them fails loudly.
 """
 
 from __future__ import annotations
@@ -137,3 +140,81 @@ class TorchExpertsQuantizingThemselves(TorchExperts):
     """Reference experts that take unquantised input and quantise it per token themselves."""
 
     quantize_themselves = True
+
+
+class TorchBatchedExperts(mk.FusedMoEExpertsModular):
+    """Reference experts in vLLM's batched format: unweighted outputs per (expert, row); the
+    prepare/finalize applies the gating weights in its combine (``TopKWeightAndReduceDelegate``)."""
+
+    @staticmethod
+    def activation_format() -> mk.FusedMoEActivationFormat:
+        return mk.FusedMoEActivationFormat.BatchedExperts
+
+    @staticmethod
+    def _supports_current_device() -> bool:
+        return True
+
+    @staticmethod
+    def _supports_no_act_and_mul() -> bool:
+        return False
+
+    @staticmethod
+    def _supports_quant_scheme(weight_key, activation_key) -> bool:  # noqa: ANN001 - vLLM signature
+        return True
+
+    @staticmethod
+    def _supports_activation(activation: MoEActivation) -> bool:
+        return activation == MoEActivation.SILU
+
+    @staticmethod
+    def _supports_parallel_config(moe_parallel_config) -> bool:  # noqa: ANN001 - vLLM signature
+        return True
+
+    def workspace_shapes(
+        self,
+        M: int,
+        N: int,
+        K: int,
+        topk: int,
+        global_num_experts: int,
+        local_num_experts: int,
+        expert_tokens_meta: Optional[mk.ExpertTokensMetadata],
+        activation: MoEActivation,
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        return (0,), (0,), (local_num_experts, self.max_num_tokens * self.num_dispatchers, K)
+
+    def finalize_weight_and_reduce_impl(self) -> mk.TopKWeightAndReduce:
+        return TopKWeightAndReduceDelegate()
+
+    def apply(
+        self,
+        output: torch.Tensor,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        activation: MoEActivation,
+        global_num_experts: int,
+        expert_map: Optional[torch.Tensor],
+        a1q_scale: Optional[torch.Tensor],
+        a2_scale: Optional[torch.Tensor],
+        workspace13: torch.Tensor,
+        workspace2: torch.Tensor,
+        expert_tokens_meta: Optional[mk.ExpertTokensMetadata],
+        apply_router_weight_on_input: bool,
+    ) -> None:
+        assert expert_tokens_meta is not None and expert_tokens_meta.expert_num_tokens is not None
+        counts = expert_tokens_meta.expert_num_tokens.tolist()
+        e_local, t, k = hidden_states.shape
+        assert tuple(output.shape) == (e_local, t, k), (tuple(output.shape), tuple(hidden_states.shape))
+        output.fill_(float("nan"))
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            rows = hidden_states[e, :n]
+            scale = None
+            if a1q_scale is not None:
+                scale = a1q_scale if a1q_scale.numel() == 1 else a1q_scale[e, :n]
+            x = dequantize_activations(rows, scale)
+            output[e, :n] = expert_ffn(x, w1[e], w2[e]).to(output.dtype)

@@ -34,7 +34,7 @@ class Case:
     tokens_per_rank: tuple[int, ...]
     dtype: torch.dtype = torch.float32
     quant: str = "none"  # none | fp8_token | fp8_block | fp8_static | fp8_tensor_dynamic
-    experts: str = "reduce_self"  # reduce_self | reduce_in_finalize | quantize_themselves
+    experts: str = "reduce_self"  # reduce_self | reduce_in_finalize | quantize_themselves | batched
     fp8_transport: bool = False
     topk: int = 3
     weight_on_input: bool = False
@@ -55,6 +55,16 @@ CASES = [
     Case("fp8_dynamic_per_tensor", (6, 4), quant="fp8_tensor_dynamic"),
     Case("fp8_deferred_to_experts", (4, 5), quant="fp8_token", experts="quantize_themselves", fp8_transport=True),
     Case("top1_weight_on_input", (4, 6), topk=1, weight_on_input=True),
+    # Batched experts (BatchedExperts format): MORI's standard-MoE layout. Chosen the way vLLM
+    # chooses batched experts: --moe-backend batched_triton, or VLLM_MORI_EP_BATCHED_EXPERTS=1.
+    Case("batched_bf16", (5, 9), dtype=torch.bfloat16, experts="batched"),
+    Case("batched_zero_tokens_env", (0, 7), experts="batched", extra={"via": "env"}),
+    Case("batched_fp8_per_token", (3, 8), quant="fp8_token", experts="batched", extra={"via": "env"}),
+    Case("batched_fp8_block_1x128", (7, 2), quant="fp8_block", experts="batched", extra={"via": "env"}),
+    Case("batched_fp8_static_per_tensor", (5, 5), quant="fp8_static", experts="batched", extra={"via": "env"}),
+    Case("batched_fp8_dynamic_per_tensor", (6, 4), quant="fp8_tensor_dynamic", experts="batched", extra={"via": "env"}),
+    Case("batched_fp8_transport_env", (4, 11), fp8_transport=True, experts="batched"),
+    Case("batched_top1_weight_on_input", (4, 6), topk=1, weight_on_input=True, experts="batched"),
 ]
 
 NUM_EXPERTS = 8
@@ -174,10 +184,18 @@ def run_case(case: Case, rank: int, world_size: int, config) -> Optional[str]:  
     )
 
     from mori_integrations.vllm.prepare_finalize import MoriPrepareAndFinalize
-    from vllm_ep_experts import TorchExperts, TorchExpertsQuantizingThemselves, TorchExpertsReducedInFinalize
+    from vllm_ep_experts import (
+        TorchBatchedExperts,
+        TorchExperts,
+        TorchExpertsQuantizingThemselves,
+        TorchExpertsReducedInFinalize,
+    )
     from vllm_ep_reference import make_problem
 
     os.environ["VLLM_MORI_EP_USE_FP8_DISPATCH"] = "1" if case.fp8_transport else "0"
+    batched = case.experts == "batched"
+    via_env = batched and case.extra.get("via") == "env"
+    os.environ["VLLM_MORI_EP_BATCHED_EXPERTS"] = "1" if via_env else "0"
     problem = make_problem(
         seed=1234 + len(case.name),
         tokens_per_rank=case.tokens_per_rank,
@@ -191,6 +209,8 @@ def run_case(case: Case, rank: int, world_size: int, config) -> Optional[str]:  
         tp_size_=1, pcp_size_=1, dp_size_=world_size, sp_size_=1, vllm_parallel_config=config.parallel_config
     )
     assert parallel.use_all2all_kernels and parallel.ep_rank == rank, parallel
+    # the plugin's hook asks the oracles for batched experts only when VLLM_MORI_EP_BATCHED_EXPERTS=1
+    assert parallel.use_batched_activation_format == via_env, parallel.use_batched_activation_format
     per_rank = NUM_EXPERTS // world_size
     moe = FusedMoEConfig(
         num_experts=NUM_EXPERTS,
@@ -205,17 +225,27 @@ def run_case(case: Case, rank: int, world_size: int, config) -> Optional[str]:  
         moe_parallel_config=parallel,
         in_dtype=case.dtype,
         max_num_tokens=MAX_TOKENS,
+        moe_backend="batched_triton" if batched and not via_env else "auto",
     )
     quant_config = quant_config_for(case, problem.x)
     # The oracle module's own binding: proves the plugin rebound what the oracles call.
     pf = unquantized_oracle.maybe_make_prepare_finalize(moe=moe, quant_config=quant_config, allow_new_interface=True)
     assert isinstance(pf, MoriPrepareAndFinalize), f"got {type(pf).__name__}"
-    experts_cls = {
-        "reduce_self": TorchExperts,
-        "reduce_in_finalize": TorchExpertsReducedInFinalize,
-        "quantize_themselves": TorchExpertsQuantizingThemselves,
-    }[case.experts]
-    kernel = mk.FusedMoEKernel(pf, experts_cls(moe_config=moe, quant_config=quant_config))
+    want_format = mk.FusedMoEActivationFormat.BatchedExperts if batched else mk.FusedMoEActivationFormat.Standard
+    assert pf.activation_format == want_format, f"prepare/finalize format {pf.activation_format}, expected {want_format}"
+    if batched:  # as vLLM's oracles build batched experts
+        fused_experts = TorchBatchedExperts(
+            moe_config=moe, quant_config=quant_config, max_num_tokens=pf.max_num_tokens_per_rank(),
+            num_dispatchers=pf.num_dispatchers(),
+        )
+    else:
+        experts_cls = {
+            "reduce_self": TorchExperts,
+            "reduce_in_finalize": TorchExpertsReducedInFinalize,
+            "quantize_themselves": TorchExpertsQuantizingThemselves,
+        }[case.experts]
+        fused_experts = experts_cls(moe_config=moe, quant_config=quant_config)
+    kernel = mk.FusedMoEKernel(pf, fused_experts)
     assert kernel.output_is_reduced()
 
     experts = problem.local_experts(rank, world_size)

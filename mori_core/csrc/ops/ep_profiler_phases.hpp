@@ -1,0 +1,41 @@
+// Phases the EP kernel profiler records (MORI_ENABLE_PROFILER builds). Plain C++ so the
+// bindings can publish the names (build_info()["ep_profiler_phases"]) to the Perfetto
+// exporter in every build: the id of a phase is its index in kEpProfilerPhaseNames.
+#pragma once
+
+#include <cstdint>
+
+namespace mori::ep {
+
+enum EpProfPhase : int32_t {
+  kProfDispatchRoute = 0,   // dispatch: destination masks, slot reservation, slots
+  kProfDispatchCopy = 1,    // dispatch: rows (and weights, ids, scales) stored to the destinations
+  kProfDispatchSignal = 2,  // dispatch, last block: signal every peer, wait for every peer
+  kProfStdPlan = 3,         // standard-MoE plan: token ranks per expert, counts published
+  kProfStdWait = 4,         // standard-MoE dispatch: wait for every source's counts
+  kProfCombineStage = 5,    // combine phase 0: rows pushed to their sources (or quantised / staged)
+  kProfCombineBarrier = 6,  // combine: signal the round, wait for every peer
+  kProfCombineReduce = 7,   // combine phase 1: sum of each token's rows
+  kProfConvertDispatch = 8, // convert_dispatch_output: rows copied into the 3-D layout
+  kProfConvertCombine = 9,  // convert_combine_input: weighted sum of each token's expert rows
+  kProfNumPhases = 10,
+};
+
+inline constexpr const char* kEpProfilerPhaseNames[kProfNumPhases] = {
+    "dispatch_route", "dispatch_copy", "dispatch_signal", "std_plan",       "std_wait",
+    "combine_stage",  "combine_barrier", "combine_reduce", "convert_dispatch", "convert_combine",
+};
+
+// Device buffer: kProfMaxWarps warp slots (slot = block * warps_per_block + warp of one
+// launch) x kProfEventsPerWarp events x {globaltimer ns, meta}; a per-slot cursor counts
+// the events written (events past the capacity are dropped, the cursor keeps counting).
+constexpr int kProfMaxWarps = 8192;
+constexpr int kProfEventsPerWarp = 128;
+
+// meta = kind | phase << 2 | warp << 8 | block << 16 | round << 32
+//   kind: 0 begin, 1 end; warp: warp index in its block; round: the op's dispatch or
+//   combine round number (tells calls apart).
+constexpr int kProfKindBegin = 0;
+constexpr int kProfKindEnd = 1;
+
+}  // namespace mori::ep

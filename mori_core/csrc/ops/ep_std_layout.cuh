@@ -1,0 +1,194 @@
+// Device side of the standard-MoE (DeepEP 3-D) layout shared by the dispatch
+// kernel, the plan / converter kernels (ep_standard_moe.cu) and the combine.
+//
+// Layout on each rank: packed row (local expert el, position j) = el * tpe + j,
+// tpe = world * max_num_inp_token_per_rank. Within a local expert rows are
+// ordered by source rank, then source token (stable): position of token t of
+// source s = (rows that sources < s send to the expert) + (tokens of s before t
+// routed to it). Tokens rank themselves with one bitmap per expert over their
+// token index (set bits, then an exclusive prefix popcount per 32-bit word), so a
+// row's position is prefix[w] + popc(bits[w] & lanes below). A token listing the
+// same expert twice gets one row; both of its k entries point at it.
+#pragma once
+
+#include "ops/device_primitives.hpp"
+#include "ops/ep_device_common.hpp"
+#include "ops/ep_quant.cuh"
+
+namespace mori::ep::dev {
+
+constexpr int kQuantUnroll = 4;  // quantised / summed rows: fp32 values per vector in registers
+
+// Position of bit `idx` among the set bits of a bitmap with per-word exclusive prefix counts.
+__device__ __forceinline__ int BitRank(const uint32_t* bits, const int32_t* prefix, int idx) {
+  const int w = idx >> 5;
+  return prefix[w] + __popc(bits[w] & ((1u << (idx & 31)) - 1u));
+}
+
+// Exclusive prefix popcount of words [0, nw) of `bits` into `prefix`; returns the
+// number of set bits. Called by every lane of one warp.
+__device__ __forceinline__ int WarpScanBits(const uint32_t* bits, int32_t* prefix, int nw, int lane) {
+  int run = 0;
+  for (int w0 = 0; w0 < nw; w0 += kWarpSize) {
+    const int w = w0 + lane;
+    const int c = w < nw ? __popc(*reinterpret_cast<const volatile uint32_t*>(bits + w)) : 0;
+    int x = c;
+#pragma unroll
+    for (int d = 1; d < kWarpSize; d <<= 1) {
+      const int y = ShflUp(x, d);
+      if (lane >= d) x += y;
+    }
+    if (w < nw) prefix[w] = run + x - c;
+    run += ShflIdx(x, kWarpSize - 1);
+  }
+  return run;
+}
+
+// Standard-MoE dispatch, every block at start: wait (bounded) until every source
+// published its per-expert counts for `round`, then s_ebase[e] = rows that sources
+// before this rank send to expert e. Block 0 also writes this rank's
+// packed_recv_count and layout range. Returns false when a wait failed.
+__device__ __forceinline__ bool StdWaitCounts(const EpKernelArgs& a, uint32_t round, int32_t* s_ebase) {
+  const EpGeometry& g = a.geo;
+  const int tid = threadIdx.x, T = blockDim.x;
+  bool ok = true;
+  if (tid < g.world) ok = WaitRound(a, a.buf.std_flags + tid, round, kPhaseDispatch, tid);
+  if (!__syncthreads_and(ok)) return false;
+  const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * g.num_experts;
+  for (int e = tid; e < g.num_experts; e += T) {
+    int base = 0;
+    for (int s = 0; s < g.rank; ++s) base += LoadRelaxedSys(counts + static_cast<size_t>(s) * g.num_experts + e);
+    s_ebase[e] = base;
+  }
+  if (blockIdx.x == 0) {
+    for (int el = tid; el < g.experts_per_rank; el += T) {
+      const int e = g.rank * g.experts_per_rank + el;
+      int begin = 0;
+      for (int s = 0; s < g.world; ++s) {
+        const int c = LoadRelaxedSys(counts + static_cast<size_t>(s) * g.num_experts + e);
+        a.std.layout_range[static_cast<size_t>(el) * g.world + s] =
+            static_cast<int64_t>(static_cast<uint32_t>(c)) | (static_cast<int64_t>(begin) << 32);
+        begin += c;
+      }
+      a.std.packed_count[el] = begin;
+    }
+  }
+  __syncthreads();
+  return true;
+}
+
+// Packed row (on its destination rank) of every k entry of this rank's token t;
+// -1 for dropped ids. Returns the mask of k entries that repeat an earlier expert
+// of the token (they share its row and are not copied twice).
+__device__ __forceinline__ uint32_t StdTokenRows(const EpKernelArgs& a, uint32_t round, int t, const int32_t* ids,
+                                                 const int32_t* s_ebase, int32_t* rows) {
+  const EpGeometry& g = a.geo;
+  const uint32_t* bits = a.std.plan_bits + static_cast<size_t>(round & 1) * g.num_experts * g.tok_words;
+  uint32_t dup = 0;
+  for (int k = 0; k < g.topk; ++k) {
+    const int e = ids[k];
+    int row = -1;
+    if (e >= 0 && e < g.num_experts) {
+      for (int j = 0; j < k; ++j)
+        if (ids[j] == e && !((dup >> k) & 1u)) {
+          dup |= 1u << k;
+          row = rows[j];
+        }
+      if (!((dup >> k) & 1u)) {
+        const size_t off = static_cast<size_t>(e) * g.tok_words;
+        row = (e % g.experts_per_rank) * g.tpe + s_ebase[e] + BitRank(bits + off, a.std.plan_prefix + off, t);
+      }
+    }
+    rows[k] = row;
+  }
+  return dup;
+}
+
+// Stores vectors [v0b, v1) of one token row to each distinct packed row of its
+// experts (on their ranks). `rows`/`dup` come from StdTokenRows (shared memory).
+__device__ __forceinline__ void StdCopyToken(const EpKernelArgs& a, const int4* src, const int32_t* ids,
+                                             const int32_t* rows, uint32_t dup, int v0b, int v1, int row_bytes,
+                                             int lane) {
+  constexpr int kUnroll = 4;
+  const EpGeometry& g = a.geo;
+  for (int v = v0b + lane; v < v1; v += kWarpSize * kUnroll) {
+    int4 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
+    for (int k = 0; k < g.topk; ++k) {
+      const int row = rows[k];
+      if (row < 0 || ((dup >> k) & 1u)) continue;
+      int4* dst = reinterpret_cast<int4*>(Peer(a, a.std.packed_x, ids[k] / g.experts_per_rank) +
+                                          static_cast<size_t>(row) * row_bytes);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, x[u]);
+    }
+  }
+}
+
+// Source index and scales of each distinct packed row of one token (whole warp).
+__device__ __forceinline__ void StdRowMeta(const EpKernelArgs& a, const uint8_t* scales, const int32_t* ids,
+                                           const int32_t* rows, uint32_t dup, int32_t flat_src, int lane) {
+  const EpGeometry& g = a.geo;
+  for (int k = 0; k < g.topk; ++k) {
+    const int row = rows[k];
+    if (row < 0 || ((dup >> k) & 1u)) continue;
+    const int r = ids[k] / g.experts_per_rank;
+    if (lane == 0) Peer(a, a.std.packed_src_info, r)[row] = flat_src;
+    if (scales)
+      CopySmall(Peer(a, a.std.packed_scales, r) + static_cast<size_t>(row) * g.scale_bytes, scales, g.scale_bytes,
+                lane);
+  }
+}
+
+// Standard MoE: vectors [v0b, v1) of sum_k w_k * packed[row_k] for received token i
+// (fp32, products rounded alone, k in order; rows of other ranks' experts are -1),
+// rounded to the row dtype, stored to dst_row as is or FP8-quantised.
+template <typename Tag, int kQuant>
+__device__ __forceinline__ void StdReduceRow(const EpKernelArgs& a, const uint8_t* packed, int row_bytes, int i,
+                                             bool weighted, uint8_t* dst_row, bool quantise, int v0b, int v1, int lane) {
+  using VT = VecTraits<Tag>;
+  constexpr int kE = VT::kElems;
+  const int topk = a.geo.topk, vecs = row_bytes / 16;
+  const int my_row = lane < topk ? a.std.std_row[static_cast<size_t>(i) * topk + lane] : -1;
+  const float my_w = (lane < topk && weighted) ? a.buf.dispatch_out_weights[static_cast<size_t>(i) * topk + lane] : 1.f;
+  for (int v0 = v0b; v0 < v1; v0 += kWarpSize * kQuantUnroll) {
+    float acc[kQuantUnroll][kE];
+#pragma unroll
+    for (int u = 0; u < kQuantUnroll; ++u)
+#pragma unroll
+      for (int e = 0; e < kE; ++e) acc[u][e] = 0.f;
+    for (int k = 0; k < topk; ++k) {
+      const int row = ShflIdx(my_row, k);
+      const float w = ShflIdxF(my_w, k);
+      if (row < 0) continue;  // uniform across the warp
+      const int4* src = reinterpret_cast<const int4*>(packed) + static_cast<size_t>(row) * vecs;
+      int4 x[kQuantUnroll];
+#pragma unroll
+      for (int u = 0; u < kQuantUnroll; ++u) {
+        const int v = v0 + lane + u * kWarpSize;
+        if (v < v1) x[u] = LoadStream(src + v);
+      }
+#pragma unroll
+      for (int u = 0; u < kQuantUnroll; ++u)
+        if (v0 + lane + u * kWarpSize < v1) VT::AccumulateScaled(acc[u], x[u], w);
+    }
+#pragma unroll
+    for (int u = 0; u < kQuantUnroll; ++u) {
+      const int v = v0 + lane + u * kWarpSize;
+      if constexpr (kQuant != kQuantNone) {
+        if (quantise) {  // uniform: one destination per row
+          VT::Round(acc[u]);
+          Fp8QuantStore<kQuant>(acc[u], v < v1, dst_row, row_bytes, v);
+          continue;
+        }
+      }
+      if (v < v1) Store16(reinterpret_cast<int4*>(dst_row) + v, VT::Pack(acc[u]));
+    }
+  }
+}
+
+
+}  // namespace mori::ep::dev
