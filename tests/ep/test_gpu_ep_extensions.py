@@ -1,5 +1,6 @@
 """GPU tests of the standard-MoE layout, FP8 combine and (in profiler builds) the kernel profiler,
-on 2 GPUs (skipped without them). Run by ``bash tools/gpu/ep15.sh``.
+at world size 1 (one GPU: every token stays local, every kernel path still runs) and 2 (marked
+multigpu). Run by ``bash tools/gpu/ep15.sh``.
 
 Oracle: ReferenceEpDispatchCombineOp over the same NCCL group, bit-exact:
 * dispatch_standard_moe: each local expert's rows ``[:count]``, counts, source infos, layout
@@ -26,9 +27,9 @@ import torch
 
 from ep_dist_utils import make_routing, run_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+pytestmark = [pytest.mark.gpu]  # the 2-GPU variants carry pytest.mark.multigpu themselves
 
-WORLD = 2
+WORLDS = [1, pytest.param(2, marks=pytest.mark.multigpu)]
 
 
 def _visible_gpus() -> int:
@@ -143,14 +144,15 @@ def _check_layout(op, ref, got: tuple, want: tuple, scale_dim: int) -> list[str]
     return errs
 
 
-def _std_case(rank, world, dev, seed, hidden, dtype, scale_dim, epr, topk, out_dtype, weighted, dup, quant, launch,
-              max_tok=96) -> list[str]:
+def _std_case(rank, world, dev, seed, hidden, dtype, scale_dim, num_experts, topk, out_dtype, weighted, dup, quant,
+              launch, max_tok=96) -> list[str]:
     """One standard-MoE round on the GPU op and the reference; returns the mismatches."""
     import torch.distributed as dist
 
     from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
 
     errs: list[str] = []
+    epr = num_experts // world
     cfg = _config(rank, world, hidden, max_tok, epr, topk, scale_dim, max_type=max(2, dtype.itemsize, out_dtype.itemsize),
                   quant=quant)
     op = EpDispatchCombineOp(cfg)
@@ -222,7 +224,7 @@ def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128) -> 
     from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
 
     errs: list[str] = []
-    epr, topk = 128 // world * 2, 8
+    epr, topk = 256 // world, 8
     cfg = _config(rank, world, hidden, max_tok, epr, topk, quant=quant, push=push)
     op = EpDispatchCombineOp(cfg)
     ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
@@ -269,7 +271,7 @@ def _graph_case(rank, world, dev) -> list[str]:
     from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
 
     errs: list[str] = []
-    hidden, epr, topk, n = 2048, 8, 4, 64
+    hidden, epr, topk, n = 2048, 16 // world, 4, 64
     cfg = _config(rank, world, hidden, n, epr, topk)
     op = EpDispatchCombineOp(cfg)
     ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
@@ -341,18 +343,19 @@ def _suite(rank: int, world: int, out_path: str) -> None:
     dev = torch.device("cuda", rank)
     fp8 = torch.float8_e4m3fn
     cases: list[tuple[str, Callable[[], list[str]]]] = [
+        # (seed, hidden, dispatch dtype, scale_dim, experts in total, topk, combine dtype, weighted, dup ids, quant, launch)
         ("std bf16 h7168 256 experts top8 weighted", lambda: _std_case(
-            rank, world, dev, 1, 7168, torch.bfloat16, 0, 128, 8, torch.bfloat16, True, False, "none", (-1, -1))),
+            rank, world, dev, 1, 7168, torch.bfloat16, 0, 256, 8, torch.bfloat16, True, False, "none", (-1, -1))),
         ("std bf16 launch 7x3 dup experts", lambda: _std_case(
-            rank, world, dev, 2, 4096, torch.bfloat16, 0, 16, 8, torch.bfloat16, True, True, "none", (7, 3))),
+            rank, world, dev, 2, 4096, torch.bfloat16, 0, 32, 8, torch.bfloat16, True, True, "none", (7, 3))),
         ("std fp8+scales dispatch, bf16 combine", lambda: _std_case(
-            rank, world, dev, 3, 4096, fp8, 32, 32, 8, torch.bfloat16, True, False, "none", (-1, -1))),
+            rank, world, dev, 3, 4096, fp8, 32, 64, 8, torch.bfloat16, True, False, "none", (-1, -1))),
         ("std fp32 unweighted top6 dup", lambda: _std_case(
-            rank, world, dev, 4, 2048, torch.float32, 0, 4, 6, torch.float32, False, True, "none", (132, 16), max_tok=64)),
+            rank, world, dev, 4, 2048, torch.float32, 0, 8, 6, torch.float32, False, True, "none", (132, 16), max_tok=64)),
         ("std bf16 + fp8_blockwise combine", lambda: _std_case(
-            rank, world, dev, 5, 7168, torch.bfloat16, 0, 64, 8, torch.bfloat16, True, False, "fp8_blockwise", (-1, -1))),
+            rank, world, dev, 5, 7168, torch.bfloat16, 0, 128, 8, torch.bfloat16, True, False, "fp8_blockwise", (-1, -1))),
         ("std bf16 + fp8_direct_cast combine", lambda: _std_case(
-            rank, world, dev, 6, 2048, torch.bfloat16, 0, 8, 4, torch.bfloat16, True, True, "fp8_direct_cast", (-1, -1))),
+            rank, world, dev, 6, 2048, torch.bfloat16, 0, 16, 4, torch.bfloat16, True, True, "fp8_direct_cast", (-1, -1))),
         ("fp8_blockwise push", lambda: _fp8_case(rank, world, dev, 10, "fp8_blockwise", True)),
         ("fp8_blockwise pull", lambda: _fp8_case(rank, world, dev, 11, "fp8_blockwise", False)),
         ("fp8_direct_cast push", lambda: _fp8_case(rank, world, dev, 12, "fp8_direct_cast", True)),
@@ -382,12 +385,13 @@ def _suite(rank: int, world: int, out_path: str) -> None:
     assert not bad, "\n".join(f"{name}:\n  " + "\n  ".join(errs) for name, errs in bad.items())
 
 
-def test_standard_moe_and_fp8_combine_on_2_gpus() -> None:
-    _need(WORLD)
+@pytest.mark.parametrize("world", WORLDS)
+def test_standard_moe_and_fp8_combine(world: int) -> None:
+    _need(world)
     out_dir = os.environ.get("OUT") or tempfile.mkdtemp()
-    run_ranks(_suite, WORLD, backend="nccl", timeout=400,
+    run_ranks(_suite, world, backend="nccl", timeout=400,
               env={"MORI_SHMEM_HEAP_SIZE": "8G", "MORI_EP_TIMEOUT_MS": "5000"},
-              out_path=os.path.join(out_dir, "ep15_cases.json"))
+              out_path=os.path.join(out_dir, f"ep15_cases_ep{world}.json"))
 
 
 # ----------------------------------------------------------------------------- profiler
@@ -400,9 +404,9 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
 
     _init_shmem()
     dev = torch.device("cuda", rank)
-    cfg = _config(rank, world, 2048, 64, 8, 4)
+    cfg = _config(rank, world, 2048, 64, 16 // world, 4)
     op = EpDispatchCombineOp(cfg)
-    mine = _inputs(40, world, [64] * world, 2048, 8 * world, 4, torch.bfloat16, 0, False, dev)[rank]
+    mine = _inputs(40, world, [64] * world, 2048, 16, 4, torch.bfloat16, 0, False, dev)[rank]
     op.dispatch_standard_moe(mine["x"], mine["w"], None, mine["idx"])  # allocate the layout first
     torch.cuda.synchronize()
     dist.barrier()
@@ -464,21 +468,22 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
     shmem.shmem_finalize()
 
 
-def test_profiler_trace_has_ordered_dispatch_and_combine_phases() -> None:
+@pytest.mark.parametrize("world", WORLDS)
+def test_profiler_trace_has_ordered_dispatch_and_combine_phases(world: int) -> None:
     import mori_core
 
     if not mori_core.build_info().get("profiler"):
         pytest.skip("needs a build with -DMORI_ENABLE_PROFILER=ON (tools/gpu/ep15.sh builds one)")
-    _need(WORLD)
+    _need(world)
     out_dir = os.environ.get("OUT") or tempfile.mkdtemp()
-    run_ranks(_profile, WORLD, backend="nccl", timeout=200, env={"MORI_SHMEM_HEAP_SIZE": "4G"}, out_dir=out_dir)
+    run_ranks(_profile, world, backend="nccl", timeout=200, env={"MORI_SHMEM_HEAP_SIZE": "4G"}, out_dir=out_dir)
 
 
 def _no_profiler(rank: int, world: int) -> None:
     from mori_core.ops import EpDispatchCombineOp
 
     _init_shmem()
-    op = EpDispatchCombineOp(_config(rank, world, 256, 8, 2, 1))
+    op = EpDispatchCombineOp(_config(rank, world, 256, 8, 2, 1))  # any world size
     with pytest.raises(RuntimeError, match="MORI_ENABLE_PROFILER"):
         op.get_debug_time_buf()
     op.close()
@@ -492,5 +497,5 @@ def test_profiler_absent_in_normal_builds_says_how_to_enable() -> None:
 
     if mori_core.build_info().get("profiler"):
         pytest.skip("this is a profiler build")
-    _need(WORLD)
-    run_ranks(_no_profiler, WORLD, backend="nccl", timeout=120)
+    _need(1)
+    run_ranks(_no_profiler, 1, backend="nccl", timeout=120)

@@ -45,7 +45,7 @@ struct CombineShape {
   static constexpr int kU0 = 16 / kWorld < 32 / kElems ? 16 / kWorld : 32 / kElems;
   static constexpr int kUnroll = kU0 < 1 ? 1 : kU0;
   // FP8 rows: an e4m3 vector, its block scale and the decode need more registers per vector.
-  static constexpr int kQuantUnroll = 8 / kWorld < 1 ? 1 : 8 / kWorld;
+  static constexpr int kFp8Unroll = 8 / kWorld < 1 ? 1 : 8 / kWorld;
 };
 
 // Work split of `count` rows over all warps of the grid: rows are cut into
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
       }
     } else {
       // Every source's row in e4m3 (+ block scales); summed in rank order.
-      constexpr int kQU = CombineShape<Tag, kWorld>::kQuantUnroll;
+      constexpr int kQU = CombineShape<Tag, kWorld>::kFp8Unroll;
       for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kQU) {
         uint2 q[kWorld][kQU];
         float sc[kWorld][kQU];

@@ -4,7 +4,7 @@ vLLM is not installed on the GPU machine, so this test drives the vLLM-free part
 prepare/finalize -- :class:`~mori_integrations.vllm.token_exchange.MoriEpTokenExchange`
 (dispatch with optional FP8 transport, valid-row slicing, finalize-side weight-and-reduce,
 combine with the pre-dispatch ids) built by :func:`~mori_integrations.vllm.mori_utils.create_mori_ep_op`
--- over ``mori_core``'s ``EpDispatchCombineOp`` on 2 and (when present) 4 GPUs, with torch
+-- over ``mori_core``'s ``EpDispatchCombineOp`` on 1 (every token local), 2 and 4 GPUs, with torch
 experts standing in for vLLM's, and compares every rank's output with a single-process MoE.
 It imports nothing from vLLM. Run by ``tools/gpu/vllm.sh``.
 """
@@ -221,8 +221,10 @@ def _assert_all_passed(per_rank: list[dict]) -> None:
     assert all(len(res) == len(GPU_CASES) for res in per_rank)
 
 
-@pytest.mark.multigpu
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "world", [1, pytest.param(2, marks=pytest.mark.multigpu), pytest.param(4, marks=pytest.mark.multigpu)]
+)
 def test_token_exchange_over_gpu_op_matches_single_process_moe(world: int) -> None:
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible")
