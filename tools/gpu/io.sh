@@ -33,10 +33,11 @@ run bench_io_tcp_gpu 45 python3 -m mori_core.bench io --backend tcp --mem gpu --
   --large 256M --target-device $tdev --no-progress
 echo
 echo "=== io: results"
-echo "--- TCP with GPU memory"; sed -n '/^### one large write/,/^$/p;/^### summary/,/^$/p' "$OUT/bench_io_tcp_gpu.md"
-echo "--- XGMI, one stream"; sed -n '/^### summary/,/^$/p' "$OUT/bench_io_xgmi_1stream.md"
+# Tables are "### title", blank line, rows, blank line, note: print each up to its note.
+echo "--- TCP with GPU memory"; sed -n '/^### one large write/,/^backend/p;/^### summary/,/^plain copy/p' "$OUT/bench_io_tcp_gpu.md"
+echo "--- XGMI, one stream"; sed -n '/^### summary/,/^plain copy/p' "$OUT/bench_io_xgmi_1stream.md"
 echo "--- XGMI"; cat "$OUT/io_setup.txt" | head -1
-sed -n '/^### write: latency per iteration/,/^$/p;/^### write: host time/,/^backend/p;/^### one large write/,/^$/p' "$OUT/bench_io_xgmi.md"
+sed -n '/^### write: latency per iteration/,/^backend/p;/^### one large write/,/^backend/p' "$OUT/bench_io_xgmi.md"
 sed -n '/^### where one session/,/^to C++/p' "$OUT/bench_io_xgmi.md"
 sed -n '/^### summary/,$p' "$OUT/bench_io_xgmi.md"
 exit $rc
