@@ -13,6 +13,7 @@ is accounted for and no write is in flight, or ``defer_timeout`` after it finish
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import queue
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["ProducerSide"]
 
 logger = logging.getLogger(__name__)
+
+_MAX_CLOSED = 1 << 16
 
 
 @dataclasses.dataclass
@@ -93,6 +96,9 @@ class ProducerSide:
     def __init__(self, agent: "TransferAgent") -> None:
         self._agent = agent
         self._sends: Dict[str, _Send] = {}
+        # Recently finished transfers: a late write request gets an immediate refusal instead of
+        # leaving its decode waiting for recv_abort_timeout.
+        self._closed: "collections.OrderedDict[str, Tuple[float, str]]" = collections.OrderedDict()
         self._step: List[_Send] = []  # sends whose last prompt chunk runs in the current step
         self._layer_names = [layer.name for layer in agent.layers]
         self._queue: "queue.Queue[Optional[_WriteItem]]" = queue.Queue()
@@ -111,10 +117,12 @@ class ProducerSide:
             for note in finished:
                 send = self._sends.get(note.transfer_id)
                 if send is None:
+                    if not note.blocks_held:
+                        self._close(note.transfer_id, "the prefill request was aborted", now)
                     continue
                 if not note.blocks_held:  # freed by the scheduler: nobody may read or write them any more
                     self._fail_waiting(send, "the prefill request was aborted")
-                    del self._sends[note.transfer_id]
+                    self._close(note.transfer_id, "the prefill request was aborted", now)
                     continue
                 send.finished, send.finished_at = note, now
                 if note.aborted:
@@ -156,6 +164,10 @@ class ProducerSide:
             return
         now = time.monotonic()
         with self._agent.lock:
+            closed = self._closed_reason(request.transfer_id, now)
+            if closed is not None:
+                self._reply(consumer.notify_host, consumer.notify_port, request.transfer_id, False, 0, 0, closed)
+                return
             send = self._get(request.transfer_id, now)
             send.expected = consumer.tp_size
             if consumer.tp_rank in send.targets or consumer.tp_rank in send.accounted:
@@ -172,8 +184,11 @@ class ProducerSide:
 
     def on_consumer_done(self, note: ConsumerDone) -> None:
         """A consumer rank needs nothing more (READ finished, released, or aborted) (control thread)."""
+        now = time.monotonic()
         with self._agent.lock:
-            send = self._get(note.transfer_id, time.monotonic())
+            if self._closed_reason(note.transfer_id, now) is not None:
+                return
+            send = self._get(note.transfer_id, now)
             send.expected = note.consumer_tp
             target = send.targets.get(note.consumer_rank)
             if note.nbytes:
@@ -200,7 +215,7 @@ class ProducerSide:
                     # Messages for a request this server never ran (or not yet): keep them a while.
                     if send.job is None and now - send.created > cfg.defer_timeout_s + cfg.write_budget_s():
                         self._fail_waiting(send, "the prefill server has no such request")
-                        del self._sends[tid]
+                        self._close(tid, "the prefill server has no such request", now)
                     continue
                 complete = send.expected is not None and len(send.accounted) >= send.expected
                 expired = now - send.finished_at > cfg.defer_timeout_s
@@ -216,7 +231,7 @@ class ProducerSide:
                         )
                         self._fail_waiting(send, "defer_timeout passed on the prefill")
                     done.add(send.finished.req_id)
-                    del self._sends[tid]
+                    self._close(tid, "the prefill already released this request's KV", now)
         return done
 
     def has_pending(self) -> bool:
@@ -229,6 +244,21 @@ class ProducerSide:
         if send is None:
             send = self._sends[transfer_id] = _Send(transfer_id=transfer_id, created=now)
         return send
+
+    def _close(self, transfer_id: str, reason: str, now: float) -> None:
+        """Forget a transfer, remembering (bounded, for a while) why late messages get refused (lock held)."""
+        self._sends.pop(transfer_id, None)
+        cfg = self._agent.config
+        self._closed[transfer_id] = (now + cfg.defer_timeout_s + cfg.write_budget_s(), reason)
+        self._closed.move_to_end(transfer_id)
+        while len(self._closed) > _MAX_CLOSED or next(iter(self._closed.values()))[0] < now:
+            self._closed.popitem(last=False)
+            if not self._closed:
+                break
+
+    def _closed_reason(self, transfer_id: str, now: float) -> Optional[str]:
+        item = self._closed.get(transfer_id)
+        return None if item is None or item[0] < now else item[1]
 
     def _enqueue_rest(self, send: _Send, target: _Target, event: Any) -> None:
         if target.final_enqueued or target.abort is not None:

@@ -19,8 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from agent_host import AgentProcess, free_port_block  # noqa: E402
-from kv_views import layer_names  # noqa: E402
+from mori_core.bench.pd_agents import AgentProcess, free_port_block, layer_names  # noqa: E402
 from mori_integrations.vllm.kv_connector.metadata import FinishedSend, PeerAddress, RecvJob, SendJob  # noqa: E402
 from mori_integrations.vllm.kv_connector.tp_mapping import heads_of_rank, source_rank  # noqa: E402
 

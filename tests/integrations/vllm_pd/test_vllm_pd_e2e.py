@@ -12,19 +12,27 @@ The last test kills the prefill.
 from __future__ import annotations
 
 import math
+import sys
 import time
-from pathlib import Path
 from typing import Dict, Iterator, List, Sequence
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from agent_host import free_port_block  # noqa: E402
-from tiny_model import CONFIG, kv_bytes_per_token, write_tiny_llama  # noqa: E402
-from vllm_servers import CPU_ENV, Managed, complete, metric, metrics, vllm_argv, wait_healthy  # noqa: E402
+from mori_core.bench.pd_agents import free_port_block  # noqa: E402
+from mori_core.bench.pd_servers import (  # noqa: E402
+    CPU_ENV,
+    Managed,
+    complete,
+    kv_bytes_per_token,
+    metric,
+    metrics,
+    vllm_argv,
+    wait_healthy,
+    write_tiny_llama,
+)
 
-import sys  # noqa: E402
 
 START_TIMEOUT_S = 600
 BLOCK = 32
