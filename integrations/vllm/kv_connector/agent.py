@@ -255,6 +255,12 @@ class TransferAgent:
             for key in [k for k in self._peer_by_address if k[0] == address.host]:
                 del self._peer_by_address[key]
 
+    def peer_routes(self) -> Dict[str, str]:
+        """Which transport the engine uses towards each known peer (first KV region pair), by engine key."""
+        with self.lock:
+            peers = list(self._peers.values())
+        return {p.key: str(self.engine.route_of(self.regions[0], p.regions[0]).name) for p in peers}
+
     # ------------------------------------------------------------- planning
     def group_positions(self, group: int, num_prompt_tokens: int) -> int:
         """Blocks holding the prompt in KV cache group ``group``."""

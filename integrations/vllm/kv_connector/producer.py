@@ -361,10 +361,11 @@ class ProducerSide:
                     target.failure = f"KV layouts of prefill and decode cannot be paired: {e}"
                     skip = True
         if not skip:
+            t_submit = time.monotonic()  # TCP sends from this thread inside submit(): time it from here
             batch = agent.plan(target.peer, True, target.blocks, target.pairs, item.layers)
             statuses = batch.submit(agent.engine)
             with agent.lock:
-                target.started = target.started or time.monotonic()
+                target.started = target.started or t_submit
                 target.statuses.extend(statuses)
                 target.nbytes += batch.nbytes
         if item.final:

@@ -113,11 +113,6 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
                 agent.producer.on_layer_saved(name, view)
         agent.producer.end_step(any_kv)
 
-    def peer_routes(_: Any) -> Dict[str, str]:
-        with agent.lock:
-            peers = list(agent._peers.values())
-        return {p.key: str(agent.engine.route_of(agent.regions[0], p.regions[0]).name) for p in peers}
-
     handlers = {
         "info": lambda _: {"engine_key": agent.engine_key, "handshake_port": agent.handshake_port,
                            "notify_port": agent.notify_port, "backends": agent.backends},
@@ -131,7 +126,7 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
         "abort": lambda req_ids: agent.consumer.abort(set(req_ids)),
         "totals": lambda _: dict(agent.counters.totals),
         "pending": lambda _: (agent.producer.has_pending(), agent.consumer.has_pending()),
-        "peer_routes": peer_routes,
+        "peer_routes": lambda _: agent.peer_routes(),
     }
     pipe.send("ready")
     while True:

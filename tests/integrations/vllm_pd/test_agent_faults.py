@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("zmq")
 
 from mori_integrations.vllm.kv_connector.metadata import FinishedSend, RecvJob, SendJob  # noqa: E402
-from test_agent_transfers import Server, _blocks, _check_moved, _results  # noqa: E402
+from pd_cluster import Server, check_moved  # noqa: E402
 
 FAST = {"transfer_timeout": 1, "recv_abort_timeout": 4, "defer_timeout": 2, "handshake_timeout": 2}
 
@@ -35,7 +35,7 @@ def pair() -> Iterator[Dict[str, Server]]:
 
 
 def _job(src: Server, dst: Server, tid: str, mode: str, n: int = 2) -> tuple:
-    sb, db = _blocks(src, n), _blocks(dst, n)
+    sb, db = src.blocks(n), dst.blocks(n)
     job = RecvJob(req_id=f"d-{tid}", transfer_id=tid, mode=mode, peer=src.address, local_block_ids=[db],
                   positions=[0], num_prompt_tokens=n * 16, remote_block_ids=[sb] if mode == "read" else None)
     return job, SendJob(req_id=f"p-{tid}", transfer_id=tid, block_ids=[sb], num_prompt_tokens=n * 16), sb, db
@@ -87,17 +87,17 @@ def test_decode_whose_prefill_died_fails_within_the_bound_and_keeps_serving(pair
         # A first transfer caches the handshake, then the prefill dies.
         job, send, sb, db = _job(dead, d, "before-death", "read")
         d.ranks[0].call("recv", job)
-        assert _results(d)[0].ok
+        assert d.results()[0].ok
         dead.ranks[0].kill()
         t0 = time.monotonic()
         job, _, _, _ = _job(dead, d, "after-death-read", "read")
         d.ranks[0].call("recv", job)
-        (r,) = _results(d)
+        (r,) = d.results()
         assert not r.ok and time.monotonic() - t0 < 15, r
         t0 = time.monotonic()
         job, _, _, _ = _job(dead, d, "after-death-write", "write")
         d.ranks[0].call("recv", job)
-        (r,) = _results(d)
+        (r,) = d.results()
         assert not r.ok, r
         assert time.monotonic() - t0 < FAST["recv_abort_timeout"] + FAST["handshake_timeout"] + 10, r
     finally:
@@ -106,8 +106,8 @@ def test_decode_whose_prefill_died_fails_within_the_bound_and_keeps_serving(pair
     job, send, sb, db = _job(pair["P"], d, "after-death-ok", "write")
     pair["P"].ranks[0].call("send", (send, False))
     d.ranks[0].call("recv", job)
-    assert _results(d)[0].ok
-    _check_moved(pair["P"], d, sb, db)
+    assert d.results()[0].ok
+    check_moved(pair["P"], d, sb, db)
 
 
 def test_control_plane_refuses_a_peer_with_another_secret() -> None:
@@ -119,11 +119,11 @@ def test_control_plane_refuses_a_peer_with_another_secret() -> None:
         job, send, sb, db = _job(p, good, "auth-ok", "write")
         p.ranks[0].call("send", (send, False))
         good.ranks[0].call("recv", job)
-        assert _results(good)[0].ok
-        _check_moved(p, good, sb, db)
+        assert good.results()[0].ok
+        check_moved(p, good, sb, db)
         job, send, _, _ = _job(p, bad, "auth-bad", "read")
         bad.ranks[0].call("recv", job)
-        (r,) = _results(bad)
+        (r,) = bad.results()
         assert not r.ok and "handshake" in r.reason, r
     finally:
         for s in (p, good, bad):
