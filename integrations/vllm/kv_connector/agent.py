@@ -26,6 +26,7 @@ from mori_integrations.common.engine_setup import create_engine
 from mori_integrations.common.segments import PlanError, TransferBatch
 from mori_integrations.vllm.kv_connector.config import ConnectorConfig, rank_port
 from mori_integrations.vllm.kv_connector.control import ControlServer, HandshakeError, Notifier, fetch_metadata
+from mori_integrations.vllm.kv_connector.heartbeat import ProxyHeartbeat
 from mori_integrations.vllm.kv_connector.layout import describe_kv_caches
 from mori_integrations.vllm.kv_connector.messages import (
     AgentMetadata,
@@ -57,6 +58,8 @@ class AgentIdentity:
     total_kv_heads: int
     replicated_heads: bool  # MLA: every rank holds the whole cache
     group_block_sizes: List[int]
+    role: str = "P"  # "P" (prefill / kv_producer, also kv_both) or "D": for router registration
+    dp_size: int = 1
 
 
 @dataclasses.dataclass
@@ -117,6 +120,7 @@ class TransferAgent:
         self._peer_by_address: Dict[Tuple[str, int], Peer] = {}
         self._closed = False
         self.control: Optional[ControlServer] = None
+        self.heartbeat: Optional[ProxyHeartbeat] = None
         self.pool: Optional[ThreadPoolExecutor] = None
         self.ctx = zmq.Context()
         layout = describe_kv_caches(kv_caches, layer_groups, num_blocks)
@@ -177,6 +181,15 @@ class TransferAgent:
                 self._on_notify,
                 name=f"mori-kv-ctl-tp{identity.tp_rank}",
             )
+            if config.proxy_ip and identity.tp_rank == 0 and identity.dp_rank == 0:
+                self.heartbeat = ProxyHeartbeat(self.ctx, config.proxy_ip, config.proxy_ping_port, {
+                    "type": identity.role,
+                    "http_address": f"{config.host_ip}:{config.http_port}",
+                    "zmq_address": f"host:{config.host_ip},handshake:{config.handshake_port},notify:{config.notify_port}",
+                    "dp_size": identity.dp_size,
+                    "tp_size": identity.tp_size,
+                    "transfer_mode": config.default_mode.upper(),
+                })
         except BaseException:
             self.close()
             raise
@@ -308,6 +321,8 @@ class TransferAgent:
         self._closed = True
         if self.control is not None:
             self.control.close()
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
         producer = getattr(self, "producer", None)

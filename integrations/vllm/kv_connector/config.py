@@ -86,6 +86,8 @@ class ConnectorConfig:
         ping_port = cfg.get_int("proxy_ping_port", None, 0, 65535) or None
         if proxy_ip and ping_port is None:
             raise cfg.fail("proxy_ping_port", cfg.extra.get("proxy_ping_port"), "set (1-65535) when proxy_ip is set")
+        if proxy_ip and cfg.get_int("http_port", None, 1, 65535) is None:
+            raise cfg.fail("http_port", None, "set (the server's HTTP port, announced to the proxy) when proxy_ip is set")
         return cls(
             host_ip=resolve_host(cfg.get_str("host_ip", "auto") or "auto"),
             handshake_port=cfg.get_int("handshake_port", DEFAULT_HANDSHAKE_PORT, 1, 65535),

@@ -83,6 +83,8 @@ def identity_from(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig") -
         group_block_sizes=[
             int(kv_cache_config.kv_cache_groups[g].kv_cache_spec.block_size) for g in transfer_group_ids(kv_cache_config)
         ],
+        role="D" if vllm_config.kv_transfer_config.kv_role == "kv_consumer" else "P",
+        dp_size=int(pc.data_parallel_size),
     )
 
 

@@ -154,3 +154,27 @@ def test_codec_authenticates_and_refuses_replays_and_strangers() -> None:
         b.decode(none.encode(GetMeta(requester="x")))
     with pytest.raises(ControlMessageError, match="malformed"):
         none.decode([frames[0], b"CDONE", b"\x93\x01"])
+
+
+def test_heartbeat_sends_moriio_registration_payload() -> None:
+    import msgspec
+    import zmq
+
+    from mori_integrations.vllm.kv_connector.heartbeat import ProxyHeartbeat
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    payload = {"type": "P", "http_address": "10.0.0.1:8100", "zmq_address": "host:10.0.0.1,handshake:6301,notify:61005",
+               "dp_size": 1, "tp_size": 2, "transfer_mode": "WRITE"}
+    beat = ProxyHeartbeat(ctx, "127.0.0.1", port, payload)
+    try:
+        assert router.poll(10_000), "no registration within 10 s"
+        _identity, body = router.recv_multipart()
+        assert msgspec.msgpack.decode(body) == payload
+    finally:
+        beat.close()
+        router.close(0)
+        ctx.term()
+    with pytest.raises(ValueError, match="http_port"):
+        ConnectorConfig.from_extra({"proxy_ip": "10.0.0.9", "proxy_ping_port": 36367})
