@@ -5,9 +5,11 @@
 #
 # The GPU machine has no vLLM, so this runs the connector's worker side (TransferAgent: the
 # code under MoriSuiteConnector's worker hooks) in separate processes with vLLM-style KV
-# views on GPUs: 1. the test (bytes compared head by head; XGMI route asserted; WRITE
+# views on GPUs (two processes on GPU 0; and GPU 0 -> GPU 1 when there are 2 GPUs): 1. the
+# test (bytes compared head by head; XGMI route asserted; WRITE
 # layer-pipelined behind CUDA events; TP2 -> TP1), 2. the per-request transfer benchmark
-# (32 layers x 8 KV heads x 128, bf16, 2048 tokens) next to a plain GPU0 -> GPU1 copy.
+# (32 layers x 8 KV heads x 128, bf16, 2048 tokens) next to a plain Tensor.copy_ between the
+# same devices. With one GPU the multigpu test variant skips and the benchmark stays on GPU 0.
 # Needs pyzmq and msgspec: tools/gpu_check.sh installs the wheels carried in .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +21,8 @@ if ! $PY -c "import zmq, msgspec, mori_integrations.vllm.kv_connector.agent" 2>&
   echo "vllm_pd: pyzmq/msgspec or the suite are not importable (see tools/gpu_check.sh)"
   exit 1
 fi
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+echo "vllm_pd: $ngpu GPU(s) visible; $([ "$ngpu" -ge 2 ] && echo "same-GPU and GPU0->GPU1 variants" || echo "same-GPU variant only")"
 rc=0
 t0=$(date +%s)
 timeout 240 $PY -m pytest tests/integrations/vllm_pd/test_agent_gpu.py -q -rs -s -p no:cacheprovider --timeout 200 \

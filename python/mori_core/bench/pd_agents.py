@@ -11,13 +11,12 @@ benchmark plays vLLM's scheduler: it hands out block ids, send jobs and receive 
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
 import socket
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
+
+from mori_core.bench.spawned import SpawnedProcess
 
 LAYOUTS = {"LBHNC": (0, 1, 2, 3, 4), "LBNHC": (0, 1, 3, 2, 4), "BLHNC": (1, 0, 2, 3, 4)}
 _POLL_S = 0.002
@@ -142,7 +141,7 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
                                    f"{traceback.format_exc()}"))
 
 
-class AgentProcess:
+class AgentProcess(SpawnedProcess):
     """One worker's agent in a spawned process; :meth:`call` runs a command there (bounded).
 
     ``spec`` keys: engine_id, tp_rank, tp_size, total_heads, layers, num_blocks, heads (local),
@@ -150,42 +149,9 @@ class AgentProcess:
     """
 
     def __init__(self, spec: Dict[str, Any], start_timeout: float = 180.0, call_timeout: float = 120.0) -> None:
-        ctx = mp.get_context("spawn")
-        self._pipe, child = ctx.Pipe()
-        self._call_timeout = call_timeout
+        super().__init__(_serve, (spec,), start_timeout, call_timeout)
         self.spec = spec
-        self.proc = ctx.Process(target=_serve, args=(child, spec), daemon=True)
-        self.proc.start()
-        if not self._pipe.poll(start_timeout):
-            self.kill()
-            raise RuntimeError(f"agent {spec['engine_id']} tp{spec['tp_rank']} did not start within {start_timeout} s")
-        ready = self._pipe.recv()
-        if isinstance(ready, Exception):
-            self.kill()
-            raise ready
         self.info = self.call("info")
-
-    def call(self, cmd: str, arg: Any = None, timeout: Optional[float] = None) -> Any:
-        self._pipe.send((cmd, arg))
-        if not self._pipe.poll(self._call_timeout if timeout is None else timeout):
-            raise TimeoutError(f"agent {self.spec['engine_id']} tp{self.spec['tp_rank']} did not answer {cmd}")
-        reply = self._pipe.recv()
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.join(10)
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.call("stop", timeout=20)
-            except Exception:
-                pass
-        self.kill()
 
 
 def free_port_block(n: int, tries: int = 200) -> int:

@@ -17,10 +17,10 @@ Medians over ``--requests`` distinct random prompts per length (no prefix-cache 
 ``--warmup`` requests per system are not measured (NIXL's first transfer sets up UCX).
 
 ``python -m mori_core.bench vllm-pd --agents [--device cuda]`` (no vLLM): the connector's
-worker side alone, two processes (``cuda``: GPU 0 -> GPU 1 over XGMI), one request's KV of
-a realistic shape (default 32 layers, 8 KV heads of 128, bf16, 2048 tokens) per iteration,
-WRITE and READ, next to a plain copy of the same bytes (``cuda``: ``Tensor.copy_`` GPU 0 ->
-GPU 1; ``cpu``: one in-process memcpy) measured in the same run.
+worker side alone, two processes (``cuda``: GPU 0 -> GPU 1 over XGMI, or both on GPU 0 when
+the host has one GPU), one request's KV of a realistic shape (default 32 layers, 8 KV heads of
+128, bf16, 2048 tokens) per iteration, WRITE and READ, next to a plain copy of the same bytes
+between the same devices (``Tensor.copy_``; ``cpu``: one in-process memcpy) measured in the same run.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _run_agents(args: argparse.Namespace) -> int:
     from mori_integrations.vllm.kv_connector.metadata import FinishedSend, PeerAddress, RecvJob, SendJob
 
     blocks = -(-args.tokens // args.block_size)
-    devices = ("cuda:0", "cuda:1") if args.device == "cuda" else ("cpu", "cpu")
+    devices = _agent_devices(args.device)
     spec = dict(tp_rank=0, tp_size=1, total_heads=args.kv_heads, layers=args.layers, num_blocks=blocks + 1,
                 heads=args.kv_heads, tokens=args.block_size, content=2 * args.head_size, dtype="bfloat16")
     timeouts = {"transfer_timeout": 60, "recv_abort_timeout": 120, "defer_timeout": 120}
@@ -109,12 +109,16 @@ def _run_agents(args: argparse.Namespace) -> int:
             route = ", ".join(sorted(set((decode if mode == "read" else prefill).call("peer_routes").values())))
             rows.append([f"MoriSuiteConnector {mode.upper()} ({route})", fmt_bytes(nbytes), median(engine_ms),
                          median(wall_ms), nbytes / median(engine_ms) / 1e6])
-        base_ms = _plain_copy_ms(nbytes, args.device, args.iters)
-        rows.append([f"plain copy ({'GPU 0 -> GPU 1 Tensor.copy_' if args.device == 'cuda' else 'memcpy'})",
-                     fmt_bytes(nbytes), base_ms, base_ms, nbytes / base_ms / 1e6])
+        base_ms = _plain_copy_ms(nbytes, devices, args.iters)
+        plain = "memcpy" if devices[0] == "cpu" else f"Tensor.copy_ {devices[0]} -> {devices[1]}"
+        rows.append([f"plain copy in one process ({plain})", fmt_bytes(nbytes), base_ms, base_ms, nbytes / base_ms / 1e6])
+        where = {"cpu": "host memory, two processes",
+                 "same": f"two processes on the same GPU ({devices[0]}: CUDA IPC, no NVLink)",
+                 "two": f"two processes, {devices[0]} -> {devices[1]} (NVLink/PCIe)"}
+        kind = "cpu" if devices[0] == "cpu" else ("same" if devices[0] == devices[1] else "two")
         print_table(
             f"KV of one {args.tokens}-token request ({args.layers} layers, {args.kv_heads} KV heads x {args.head_size}, "
-            f"bf16, blocks of {args.block_size}), {args.device}, medians of {args.iters}",
+            f"bf16, blocks of {args.block_size}), {where[kind]}, medians of {args.iters}",
             ["path", "bytes", "engine ms", "request ms", "GB/s (engine)"], rows,
             note="engine ms: first write/read submitted -> last completed; request ms: receive job -> result "
                  "(control plane included; WRITE: the decode's request reaches the prefill first).",
@@ -125,12 +129,24 @@ def _run_agents(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plain_copy_ms(nbytes: int, device: str, iters: int) -> float:
+def _agent_devices(device: str) -> tuple:
+    """(prefill, decode) devices: GPU 0 -> GPU 1, or both on GPU 0 when the host has one GPU."""
+    if device == "cpu":
+        return ("cpu", "cpu")
     import torch
 
-    if device == "cuda":
-        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
+    n = torch.cuda.device_count()
+    if n < 1:
+        raise SystemExit("vllm-pd --agents --device cuda: no CUDA device")
+    return ("cuda:0", f"cuda:{1 % n}")
+
+
+def _plain_copy_ms(nbytes: int, devices: tuple, iters: int) -> float:
+    import torch
+
+    if devices[0] != "cpu":
+        src = torch.empty(nbytes, dtype=torch.uint8, device=devices[0])
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=devices[1])
         times = []
         for _ in range(iters + 2):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

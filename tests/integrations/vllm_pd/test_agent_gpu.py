@@ -1,10 +1,12 @@
-"""The connector's worker side moving vLLM-layout KV between GPUs of two processes over XGMI.
+"""The connector's worker side moving vLLM-layout KV between two processes' GPU memory over XGMI.
 
 No vLLM needed: each worker is a real ``TransferAgent`` (:mod:`pd_cluster`) whose KV
 views live on a GPU and are laid out like vLLM's (bf16, 8 KV heads of 128, blocks of
 16 tokens); backend ``xgmi`` (CUDA IPC, copy engines / scatter kernel). The WRITE test
 runs the layer-pipelined path, where each layer's copy waits on a CUDA event recorded
-after the layer's KV was produced. Failures name the layer, head, block and value.
+after the layer's KV was produced. Two variants: both processes on GPU 0 (CUDA IPC to the
+same device: handle export/import, copy path, completion) and GPU 0 -> GPU 1 (NVLink;
+``multigpu``, skipped on one GPU). Failures name the layer, head, block and value.
 """
 
 from __future__ import annotations
@@ -18,22 +20,23 @@ pytest.importorskip("zmq")
 
 from pd_cluster import Server, Shape, check_moved, transfer  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+pytestmark = [pytest.mark.gpu]
 
 SHAPE = Shape(layers=4, blocks=96, tokens=16, content=256, total_heads=8, dtype="bfloat16")
 XGMI = {"backend": "xgmi"}
 
 
-@pytest.fixture(scope="module")
-def gpus() -> Iterator[Dict[str, Server]]:
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
+@pytest.fixture(
+    scope="module", params=[pytest.param("same-gpu"), pytest.param("two-gpus", marks=pytest.mark.multigpu)]
+)
+def gpus(request: pytest.FixtureRequest) -> Iterator[Dict[str, Server]]:
+    other = "cuda:1" if request.param == "two-gpus" else "cuda:0"
     made: Dict[str, Server] = {}
     try:
-        made["P"] = Server("gpu-prefill", 1, SHAPE, ["cuda:0"], extra=XGMI)
+        made["P"] = Server(f"gpu-prefill-{request.param}", 1, SHAPE, ["cuda:0"], extra=XGMI)
         made["P"].ranks[0].call("fill", 7)
-        made["D"] = Server("gpu-decode", 1, SHAPE, ["cuda:1"], layout="LBNHC", extra=XGMI)
-        made["P2"] = Server("gpu-prefill-tp2", 2, SHAPE, ["cuda:0", "cuda:1"], extra=XGMI)
+        made["D"] = Server(f"gpu-decode-{request.param}", 1, SHAPE, [other], layout="LBNHC", extra=XGMI)
+        made["P2"] = Server(f"gpu-prefill-tp2-{request.param}", 2, SHAPE, ["cuda:0", other], extra=XGMI)
         for i, r in enumerate(made["P2"].ranks):
             r.call("fill", 20 + i)
         for name, s in made.items():
