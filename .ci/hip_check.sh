@@ -21,7 +21,7 @@ OUTDIR=$(mktemp -d)
 trap 'rm -rf "$OUTDIR"' EXIT
 FLAGS=(-std=c++17 -O2 -Wall -Wno-unused-parameter -DMORI_WITH_GPU=1 -DMORI_WITH_HIP=1 -I mori_core/csrc)
 status=0
-for f in mori_core/csrc/ops/ep_dispatch.cu mori_core/csrc/ops/ep_combine.cu mori_core/csrc/ops/ep_combine_bf16.cu mori_core/csrc/ops/ep_combine_fp32.cu \
+for f in mori_core/csrc/ops/ep_dispatch.cu mori_core/csrc/ops/ep_combine.cu mori_core/csrc/ops/ep_combine_bf16.cu mori_core/csrc/ops/ep_combine_fp32.cu mori_core/csrc/ops/ep_launch_probe.cu \
          mori_core/csrc/io/p2p/scatter_copy.cu; do
   echo "hipcc --offload-arch=$ARCH $f"
   hipcc -x hip --offload-arch="$ARCH" "${FLAGS[@]}" -c "$f" -o "$OUTDIR/$(basename "$f").o" || status=1
@@ -29,7 +29,7 @@ done
 for f in mori_core/csrc/ops/ep_handle.cpp mori_core/csrc/shmem/symmetric_heap.cpp \
          mori_core/csrc/shmem/shmem_state.cpp mori_core/csrc/shmem/heap_allocator.cpp \
          mori_core/csrc/common/gpu_runtime.cpp mori_core/csrc/io/p2p/ipc_cache.cpp \
-         mori_core/csrc/io/p2p/stream_pool.cpp mori_core/csrc/io/p2p/completion_waiter.cpp \
+         mori_core/csrc/io/p2p/stream_pool.cpp mori_core/csrc/io/p2p/signal_slots.cpp mori_core/csrc/io/p2p/completion_waiter.cpp \
          mori_core/csrc/io/p2p/xgmi_backend.cpp mori_core/csrc/io/tcp/gpu_staging.cpp; do
   echo "hipcc (host) $f"
   hipcc -x hip --offload-arch="$ARCH" "${FLAGS[@]}" -c "$f" -o "$OUTDIR/$(basename "$f").o" || status=1

@@ -20,7 +20,14 @@ import torch
 from vllm.distributed.device_communicators.base_device_communicator import All2AllManagerBase
 from vllm.logger import init_logger
 
-from mori_integrations.vllm.mori_utils import LaunchSettings, MoriEpConfig, create_mori_ep_op, launch_settings_for
+from mori_integrations.vllm.mori_utils import (
+    EpTopology,
+    LaunchSettings,
+    MoriEpConfig,
+    create_mori_ep_op,
+    launch_settings_for,
+    select_ep_topology,
+)
 
 logger = init_logger(__name__)
 
@@ -40,11 +47,8 @@ class MoriEpAll2AllManager(All2AllManagerBase):
         if tcp_store_group is not None:
             raise ValueError("all2all_backend='mori_ep' does not support elastic EP (stateless EP groups)")
         super().__init__(cpu_group, tcp_store_group)
-        if self.internode:
-            raise ValueError(
-                "all2all_backend='mori_ep' runs within one node (IntraNode kernels over NVLink/XGMI); "
-                f"this EP group of {self.world_size} ranks spans several nodes"
-            )
+        # IntraNode on one node; an inter-node kernel type when the group spans nodes (MORI's rule).
+        self.topology: EpTopology = select_ep_topology(self.world_size, _ranks_on_first_node(cpu_group))
         self.device = _ep_device()
         self.launch: LaunchSettings = launch_settings_for(self.device)
         self._ops: dict[MoriEpConfig, Any] = {}
@@ -53,10 +57,12 @@ class MoriEpAll2AllManager(All2AllManagerBase):
         if self.device.type == "cuda":
             self._init_shmem()
         logger.info(
-            "mori_ep all2all manager: rank %d/%d on %s, launch %d blocks x %d warps",
+            "mori_ep all2all manager: rank %d/%d on %s, %s (gpu_per_node %d), launch %d blocks x %d warps",
             self.rank,
             self.world_size,
             self.device,
+            self.topology.kernel_type,
+            self.topology.gpu_per_node,
             self.launch.block_num,
             self.launch.warp_num_per_block,
         )
@@ -71,7 +77,9 @@ class MoriEpAll2AllManager(All2AllManagerBase):
 
     def get_handle(self, kwargs: dict[str, Any]) -> Any:
         """The cached EP operator for the layer described by ``kwargs`` (``MoriEpConfig`` fields)."""
-        config = MoriEpConfig(**kwargs)
+        config = MoriEpConfig(
+            **{**kwargs, "kernel_type": self.topology.kernel_type, "gpu_per_node": self.topology.gpu_per_node}
+        )
         if config.rank != self.rank or config.world_size != self.world_size:
             raise ValueError(
                 f"layer config (rank={config.rank}, world_size={config.world_size}) does not match the EP "
@@ -100,6 +108,13 @@ class MoriEpAll2AllManager(All2AllManagerBase):
                 torch.cuda.synchronize(self.device)
             shmem.shmem_finalize()
             self._shmem_group = None
+
+
+def _ranks_on_first_node(cpu_group: Any) -> int:
+    """Ranks of the EP group on the node of its rank 0 (vLLM's node test over the group)."""
+    from vllm.distributed.parallel_state import in_the_same_node_as
+
+    return sum(bool(x) for x in in_the_same_node_as(cpu_group, source_rank=0))
 
 
 def _ep_device() -> torch.device:

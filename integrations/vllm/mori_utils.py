@@ -23,6 +23,11 @@ import torch.distributed as dist
 ENV_FP8_DISPATCH = "VLLM_MORI_EP_USE_FP8_DISPATCH"
 ENV_BLOCK_NUM = "VLLM_MORI_EP_BLOCK_NUM"
 ENV_WARPS_PER_BLOCK = "VLLM_MORI_EP_WARPS_PER_BLOCK"
+ENV_INTERNODE_KERNEL = "VLLM_MORI_EP_INTERNODE_KERNEL"
+
+# Kernel types for EP groups that span nodes; InterNodeV1 is MORI's (and vLLM's) default,
+# InterNodeV1LL its low-latency choice.
+INTERNODE_KERNELS = ("InterNodeV1", "InterNodeV1LL", "InterNode", "AsyncLL")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -96,6 +101,41 @@ def launch_settings_for(device: torch.device) -> LaunchSettings:
 
 
 @dataclass(frozen=True)
+class EpTopology:
+    """Which kernel family serves an EP group: IntraNode on one node, an inter-node type when
+    the group spans nodes (``gpu_per_node`` ranks of the group per node)."""
+
+    kernel_type: str
+    gpu_per_node: int
+
+
+def select_ep_topology(world_size: int, ranks_on_first_node: int) -> EpTopology:
+    """MORI's selection as vLLM applies it: IntraNode when the EP group sits on one node, else an
+    inter-node type (``VLLM_MORI_EP_INTERNODE_KERNEL``, default InterNodeV1; InterNodeV1LL for
+    decode-latency deployments) with ``gpu_per_node`` = the group's ranks per node.
+
+    Args:
+        world_size: EP group size.
+        ranks_on_first_node: ranks of the group on the node of its rank 0 (vLLM's
+            ``in_the_same_node_as(cpu_group, 0)`` count); nodes must hold equal shares.
+    """
+    if not 1 <= ranks_on_first_node <= world_size:
+        raise ValueError(f"ranks_on_first_node={ranks_on_first_node} must be in [1, world_size={world_size}]")
+    if ranks_on_first_node == world_size:
+        return EpTopology("IntraNode", _pow2_at_least(world_size))
+    kernel = os.environ.get(ENV_INTERNODE_KERNEL, "InterNodeV1").strip() or "InterNodeV1"
+    if kernel not in INTERNODE_KERNELS:
+        raise ValueError(f"{ENV_INTERNODE_KERNEL}={kernel!r} must be one of {list(INTERNODE_KERNELS)}")
+    gpn = ranks_on_first_node
+    if gpn & (gpn - 1) or gpn > 8 or world_size % gpn:
+        raise ValueError(
+            f"the EP group has {gpn} ranks on its first node and {world_size} in all: the inter-node kernels need "
+            "the same power-of-two number (<= 8) of ranks on every node"
+        )
+    return EpTopology(kernel, gpn)
+
+
+@dataclass(frozen=True)
 class MoriEpConfig:
     """What one MoE layer needs from an EP dispatch/combine operator.
 
@@ -112,6 +152,8 @@ class MoriEpConfig:
         max_num_tokens_per_rank: most tokens one rank passes to one dispatch.
         num_local_experts: experts per rank (expert ``e`` lives on rank ``e // num_local_experts``).
         num_experts_per_token: top-k.
+        kernel_type: kernel family (see :func:`select_ep_topology`).
+        gpu_per_node: ranks of the EP group per node (0: the whole group, IntraNode).
     """
 
     rank: int
@@ -123,6 +165,8 @@ class MoriEpConfig:
     max_num_tokens_per_rank: int
     num_local_experts: int
     num_experts_per_token: int
+    kernel_type: str = "IntraNode"
+    gpu_per_node: int = 0
 
     def __post_init__(self) -> None:
         positive = ("world_size", "hidden_dim", "max_num_tokens_per_rank", "num_local_experts", "num_experts_per_token")
@@ -154,9 +198,18 @@ class MoriEpConfig:
         return max(self.dispatch_dtype.itemsize, self.activation_dtype.itemsize, self.combine_dtype.itemsize)
 
     def to_op_config(self, launch: LaunchSettings) -> Any:
-        """The ``mori_core.ops.EpDispatchCombineConfig`` of this layer shape (IntraNode kernels)."""
+        """The ``mori_core.ops.EpDispatchCombineConfig`` of this layer shape and kernel family.
+        Inter-node types get MORI's V1 grid (96 blocks, 64 of them staging network rows, 8 warps)
+        unless ``VLLM_MORI_EP_BLOCK_NUM`` / ``VLLM_MORI_EP_WARPS_PER_BLOCK`` are set."""
         from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
 
+        if self.kernel_type == "IntraNode":
+            grid = dict(warp_num_per_block=launch.warp_num_per_block, block_num=launch.block_num,
+                        gpu_per_node=_pow2_at_least(self.world_size))
+        else:
+            grid = dict(warp_num_per_block=env_positive_int(ENV_WARPS_PER_BLOCK) or 8,
+                        block_num=env_positive_int(ENV_BLOCK_NUM) or 96, rdma_block_num=64,
+                        gpu_per_node=self.gpu_per_node)
         return EpDispatchCombineConfig(
             data_type=self.dispatch_dtype,
             rank=self.rank,
@@ -168,10 +221,8 @@ class MoriEpConfig:
             max_num_inp_token_per_rank=self.max_num_tokens_per_rank,
             num_experts_per_rank=self.num_local_experts,
             num_experts_per_token=self.num_experts_per_token,
-            warp_num_per_block=launch.warp_num_per_block,
-            block_num=launch.block_num,
-            kernel_type=EpDispatchCombineKernelType.IntraNode,
-            gpu_per_node=_pow2_at_least(self.world_size),
+            kernel_type=EpDispatchCombineKernelType[self.kernel_type],
+            **grid,
         )
 
 

@@ -21,10 +21,15 @@ _SUBMODULES = {"io", "shmem", "ops", "bench"}
 
 def build_info() -> dict[str, Any]:
     """Describe this build: ``gpu`` (bool), ``gpu_lang`` ("CUDA", "HIP" or ""),
-    ``cuda_arch`` and which optional areas (``shmem``, ``ops``) were compiled."""
+    ``cuda_arch``, which optional areas (``shmem``, ``ops``) were compiled, and ``internode``:
+    whether the inter-node EP extension (``mori_core._internode``, needs NVSHMEM) was built."""
+    import importlib.util
+
     from mori_core import _C
 
-    return dict(_C.build_info())
+    info = dict(_C.build_info())
+    info["internode"] = importlib.util.find_spec("mori_core._internode") is not None
+    return info
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@ import torch
 
 from ep_dist_utils import make_routing, run_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+pytestmark = [pytest.mark.gpu]  # multi-GPU tests carry pytest.mark.multigpu themselves
 
 HIDDEN_BIG = 7168
 NUM_EXPERTS = 256
@@ -165,6 +165,71 @@ def _round(op, ref, cfg, data, push, dtype, comb_dtype, weights_in_place, launch
     assert torch.equal(comb_w[:ntok], ref_comb_w[:ntok])
 
 
+def _unique_ranks(idx: torch.Tensor, experts_per_rank: int, world: int) -> torch.Tensor:
+    """Number of distinct destination ranks of each token (invalid ids dropped)."""
+    idx = idx.to(torch.int64)
+    valid = (idx >= 0) & (idx < NUM_EXPERTS)
+    dest = torch.where(valid, idx // experts_per_rank, torch.full_like(idx, world))
+    return torch.zeros(idx.shape[0], world + 1, dtype=torch.bool, device=idx.device).scatter_(1, dest, True)[:, :world].sum(1)
+
+
+def _bad_input_on_the_hot_path(rank: int, world: int, dev: torch.device) -> None:
+    """After the op's per-call caches are warm, bad arguments still raise (naming the argument)
+    before anything is launched: the next valid round on every rank is exact, which it could not
+    be if a rejected call had launched a kernel (round counters would disagree across ranks)."""
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp
+
+    cfg = _config(rank, world, 256, 16, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    g = torch.Generator().manual_seed(31 + rank)
+    x = torch.randn(16, 256, generator=g).to(torch.bfloat16).to(dev)
+    w = torch.rand(16, TOPK, generator=g).to(dev)
+    idx = make_routing(16, NUM_EXPERTS, TOPK, g).to(dev)
+    dist.barrier()
+    op.dispatch(x, w, None, idx)  # warms the caches for (bf16, 256)
+    bad_dispatch = [
+        (dict(indices=idx.to(torch.int64)), "indices must be torch.int32"),
+        (dict(weights=w[:, :4].contiguous()), "weights must have shape"),
+        (dict(weights=w.to(torch.float16)), "weights must be torch.float32"),
+        (dict(input=x.cpu()), "input must be on"),
+        (dict(input=torch.zeros(17, 256, dtype=torch.bfloat16, device=dev)), "more than max_num_inp_token_per_rank=16"),
+        (dict(input=x[:, ::2]), "must be contiguous"),
+        (dict(input=torch.zeros(16, 512, dtype=torch.bfloat16, device=dev)), "hidden size 512 must be in"),
+        (dict(indices=idx[:8]), "indices must have shape"),
+        (dict(input=x.view(16, 16, 16)), "input must be 2-D"),
+    ]
+    for change, match in bad_dispatch:
+        call = dict(input=x, weights=w, scales=None, indices=idx)
+        call.update(change)
+        with pytest.raises(ValueError, match=match):
+            op.dispatch(**call)
+    out, out_w, _, _, total = op.dispatch(x, w, None, idx)
+    torch.cuda.synchronize()
+    n = int(total[0])
+    y = out[: max(n, 1)].clone()
+    bad_combine = [
+        (dict(indices=idx.to(torch.int64)), "indices must be torch.int32"),
+        (dict(input=y.to(torch.float16)), "dtype torch.float16 is not supported"),
+        (dict(weights=out_w[:, :4].contiguous()), "weights must have shape"),
+        (dict(indices=idx[:8]), "indices must be this rank's own routing"),
+    ]
+    for change, match in bad_combine:
+        call = dict(input=y, weights=out_w, indices=idx)
+        call.update(change)
+        with pytest.raises(ValueError, match=match):
+            op.combine(**call, use_external_inp_buf=1)
+    comb, comb_w = op.combine(y, out_w, idx, use_external_inp_buf=1)
+    torch.cuda.synchronize()
+    op.check_error()
+    ndest = _unique_ranks(idx, cfg.num_experts_per_rank, world)
+    assert torch.equal(comb[:16], (x.float() * ndest[:, None]).to(torch.bfloat16)), "combine after rejected calls"
+    assert torch.allclose(comb_w[:16], w * ndest[:, None])
+    op.close()
+    dist.barrier()
+
+
 def _suite(rank: int, world: int) -> None:
     """Matrix of dtypes / hidden sizes / modes with ragged token counts, then graphs, then
     1000 back-to-back rounds, then error reporting."""
@@ -271,6 +336,8 @@ def _suite(rank: int, world: int) -> None:
     op.close()
     dist.barrier()
 
+    _bad_input_on_the_hot_path(rank, world, dev)
+
     # Error reporting: capacity overflow on both ends, routing mismatch at combine.
     cfg = _config(rank, world, 256, 16, max_total_recv=8, max_type=2)
     op = EpDispatchCombineOp(cfg)
@@ -285,27 +352,37 @@ def _suite(rank: int, world: int) -> None:
     op.close()
     dist.barrier()
 
-    cfg = _config(rank, world, 256, 16, max_type=2)
-    op = EpDispatchCombineOp(cfg)
-    idx = torch.arange(16 * TOPK, dtype=torch.int32, device=dev).view(16, TOPK) % NUM_EXPERTS
-    res = op.dispatch(x, None, None, idx)
-    other = (idx + cfg.num_experts_per_rank) % NUM_EXPERTS  # every token to the next rank instead
-    dist.barrier()
-    op.combine(res[0], None, other)
-    with pytest.raises(EpOpError, match="routing"):
-        op.check_error()
-    op.close()
-    dist.barrier()
+    if world > 1:  # a routing mismatch needs another rank to route to
+        cfg = _config(rank, world, 256, 16, max_type=2)
+        op = EpDispatchCombineOp(cfg)
+        idx = torch.arange(16 * TOPK, dtype=torch.int32, device=dev).view(16, TOPK) % NUM_EXPERTS
+        res = op.dispatch(x, None, None, idx)
+        other = (idx + cfg.num_experts_per_rank) % NUM_EXPERTS  # every token to the next rank instead
+        dist.barrier()
+        op.combine(res[0], None, other)
+        with pytest.raises(EpOpError, match="routing"):
+            op.check_error()
+        op.close()
+        dist.barrier()
 
     import mori_core.shmem as shmem
 
     shmem.shmem_finalize()
 
 
+@pytest.mark.multigpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_ep_suite(world: int) -> None:
+    """The suite on 2 and 4 GPUs (tools/gpu/ep.sh test2 / test4)."""
     _need(world)
     run_ranks(_suite, world, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "6G"})
+
+
+def test_ep_suite_single_gpu() -> None:
+    """The same suite at world size 1 (every token stays local), for one-GPU machines: kernels,
+    graphs, 1,000 rounds, the hot-path argument checks and capacity errors."""
+    _need(1)
+    run_ranks(_suite, 1, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "6G"})
 
 
 def _timeout(rank: int, world: int) -> None:
@@ -330,6 +407,7 @@ def _timeout(rank: int, world: int) -> None:
     shmem.shmem_finalize()
 
 
+@pytest.mark.multigpu
 def test_timeout_names_the_missing_peer() -> None:
     _need(2)
     run_ranks(_timeout, 2, backend="nccl", timeout=180)
@@ -376,6 +454,7 @@ def _shmem_uid(rank: int, world: int, path: str) -> None:
     shmem.shmem_finalize()
 
 
+@pytest.mark.multigpu
 def test_shmem_unique_id_without_torch_distributed() -> None:
     _need(2)
     with tempfile.TemporaryDirectory() as d:

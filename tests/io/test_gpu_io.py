@@ -113,7 +113,7 @@ def test_xgmi_matrix(xgmi_pair, op, api, shape, size):
     target.call("free", name)
 
 
-@pytest.mark.parametrize("pages", [64, 1024])
+@pytest.mark.parametrize("pages", [64, 1024, 2500])  # 2500: more segments than one kernel launch carries
 def test_xgmi_scattered_pages(xgmi_pair, pages):
     init, target, tdev = xgmi_pair
     page = 8192
@@ -132,6 +132,53 @@ def test_xgmi_scattered_pages(xgmi_pair, pages):
     host = src.cpu()
     for lo, ro in zip(offs_l, offs_r):
         assert torch.equal(remote[ro:ro + page], host[lo:lo + page])
+    init.deregister_memory(lm)
+    target.call("free", name)
+
+
+@pytest.mark.parametrize("op", ["write", "read"])
+@pytest.mark.parametrize("arrays", ["list", "numpy"])
+def test_xgmi_segments_across_kernel_pieces(xgmi_pair, op, arrays):
+    """Sizes that are not multiples of the kernel's 16 KiB piece, aligned and misaligned,
+    one segment far larger than the rest, given as lists or numpy arrays."""
+    import numpy as np
+
+    init, target, tdev = xgmi_pair
+    span = 4 << 20
+    name = f"pieces-{op}-{arrays}"
+    rm = target.alloc(name, span, tdev)
+    offs_l = [0, 40_000, 200_003, 310_000, 1 << 20]
+    offs_r = [2 << 20, 3, 500_000, 700_001, 1_000_000]
+    sizes = [16384 + 1, 3 * 16384 - 7, 100_000, 1, (1 << 20) + 16]
+    payload = _rand(span, "cuda:0", 99)
+    local = torch.full((span,), 0xA5, dtype=torch.uint8, device="cuda:0")
+    lm = init.register_torch_tensor(local)
+    sess = init.create_session(lm, rm)
+    if op == "write":
+        local.copy_(payload)
+        target.call("fill", (name, 0x5A))
+    else:
+        target.call("put", (name, 0, payload.cpu().numpy().tobytes()))
+    conv = (lambda v: np.asarray(v, dtype=np.int64)) if arrays == "numpy" else list
+    f = sess.batch_write if op == "write" else sess.batch_read
+    st = f(conv(offs_l), conv(offs_r), conv(sizes), sess.allocate_transfer_uid())
+    assert st.WaitFor(30_000) == StatusCode.SUCCESS, st.Message()
+    torch.cuda.synchronize()
+    host = payload.cpu()
+    if op == "write":
+        remote = torch.frombuffer(bytearray(target.call("get", (name, 0, span))), dtype=torch.uint8)
+        expected = torch.full((span,), 0x5A, dtype=torch.uint8)
+        for lo, ro, n in zip(offs_l, offs_r, sizes):
+            expected[ro:ro + n] = host[lo:lo + n]
+        bad = (remote != expected).nonzero()
+        assert bad.numel() == 0, f"{bad.numel()} bytes differ, first at {bad[0].item()}"
+    else:
+        got = local.cpu()
+        expected = torch.full((span,), 0xA5, dtype=torch.uint8)
+        for lo, ro, n in zip(offs_l, offs_r, sizes):
+            expected[lo:lo + n] = host[ro:ro + n]
+        bad = (got != expected).nonzero()
+        assert bad.numel() == 0, f"{bad.numel()} bytes differ, first at {bad[0].item()}"
     init.deregister_memory(lm)
     target.call("free", name)
 

@@ -4,7 +4,10 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.hpp"
+#include "bindings/io_offsets.hpp"
+#include "common/error.hpp"
 #include "io/engine.hpp"
+#include "io/submit_profile.hpp"
 
 namespace py = pybind11;
 using namespace mori::io;
@@ -21,6 +24,79 @@ Desc FromBytes(const py::bytes& b) {
 }
 
 using Offsets = std::vector<uint64_t>;
+
+// Single transfers: four integers, converted by pybind11 before the body runs.
+template <typename Fn>
+StatusPtr Single(Fn&& submit) {
+  profile::Begin();
+  profile::Mark(profile::kConverted);
+  py::gil_scoped_release nogil;
+  return submit();
+}
+
+// Session batch: the three lists are read without a Python object per element
+// (scratch buffers reused per thread), then the GIL is released for the submit.
+StatusPtr SessionBatch(IOEngineSession& s, py::handle lo, py::handle ro, py::handle sz, TransferUniqueId uid,
+                       bool isRead) {
+  profile::Begin();
+  static thread_local Offsets l, r, z;
+  ReadOffsets(lo, "local_offsets", &l);
+  ReadOffsets(ro, "remote_offsets", &r);
+  ReadOffsets(sz, "sizes", &z);
+  profile::Mark(profile::kConverted);
+  py::gil_scoped_release nogil;
+  return s.BatchReadWrite(l, r, z, uid, isRead);
+}
+
+size_t Length(py::handle h, const char* name) {
+  Py_ssize_t n = PyObject_Length(h.ptr());
+  if (n < 0) {
+    PyErr_Clear();
+    throw py::type_error(std::string(name) + " must be a list (one entry per memory pair), got " +
+                         Py_TYPE(h.ptr())->tp_name);
+  }
+  return static_cast<size_t>(n);
+}
+
+// Engine batch: every argument is read and checked before anything is submitted.
+std::vector<StatusPtr> EngineBatch(IOEngine& e, py::handle lm, py::handle lo, py::handle rm, py::handle ro,
+                                   py::handle sz, py::handle uids, bool isRead, const char* localName,
+                                   const char* remoteName) {
+  profile::Begin();
+  const size_t n = Length(lm, localName);
+  if (Length(lo, "local_offsets") != n || Length(rm, remoteName) != n || Length(ro, "remote_offsets") != n ||
+      Length(sz, "sizes") != n || Length(uids, "transfer_uids") != n)
+    throw mori::InvalidArgument("batch transfer: local_mems, local_offsets, remote_mems, remote_offsets, sizes and "
+                          "transfer_uids must have the same length (one entry per memory pair)");
+  std::vector<py::object> keep;  // the descriptors stay alive while the GIL is released
+  keep.reserve(2 * n);
+  std::vector<const MemoryDesc*> locals(n), remotes(n);
+  auto desc = [&](py::handle seq, size_t i, const char* name) -> const MemoryDesc* {
+    py::object item = py::reinterpret_borrow<py::sequence>(seq)[i];
+    if (!py::isinstance<MemoryDesc>(item))
+      throw py::type_error(std::string(name) + "[" + std::to_string(i) + "] must be a MemoryDesc, got " +
+                           Py_TYPE(item.ptr())->tp_name);
+    const MemoryDesc* d = &item.cast<const MemoryDesc&>();
+    keep.push_back(std::move(item));
+    return d;
+  };
+  static thread_local std::vector<Offsets> l, r, z;
+  l.resize(n);
+  r.resize(n);
+  z.resize(n);
+  std::vector<TransferUniqueId> ids;
+  ReadOffsets(uids, "transfer_uids", &ids);
+  for (size_t i = 0; i < n; ++i) {
+    locals[i] = desc(lm, i, localName);
+    remotes[i] = desc(rm, i, remoteName);
+    ReadOffsets(py::reinterpret_borrow<py::sequence>(lo)[i], "local_offsets", i, &l[i]);
+    ReadOffsets(py::reinterpret_borrow<py::sequence>(ro)[i], "remote_offsets", i, &r[i]);
+    ReadOffsets(py::reinterpret_borrow<py::sequence>(sz)[i], "sizes", i, &z[i]);
+  }
+  profile::Mark(profile::kConverted);
+  py::gil_scoped_release nogil;
+  return e.BatchReadWrite(locals, l, remotes, r, z, ids, isRead);
+}
 
 }  // namespace
 
@@ -212,27 +288,48 @@ void RegisterIo(py::module_& m) {
         py::call_guard<py::gil_scoped_release>(),
         "Wait for every status: SUCCESS, the first error seen, or IN_PROGRESS on timeout.");
 
+  m.def(
+      "io_profile", [](bool enable) { profile::gEnabled.store(enable); }, py::arg("enable"),
+      "Turn on (or off) the timestamps that transfers record on the calling thread (see io_profile_last).");
+  m.def(
+      "io_profile_last",
+      [] {
+        py::dict d;
+        const profile::Stamps& st = profile::ThreadStamps();
+        for (int k = 0; k < profile::kStampCount; ++k)
+          d[profile::StampName(static_cast<profile::Stamp>(k))] = st.ns[k];
+        return d;
+      },
+      "CLOCK_MONOTONIC nanoseconds (time.perf_counter_ns' clock) at the stages of this thread's last transfer "
+      "submission: enter, converted, validated, launch_begin, launch_end, submitted (0 = not reached).");
+
   using Session = IOEngineSession;
   py::class_<Session>(m, "IOEngineSession")
       .def("allocate_transfer_uid", &Session::AllocateTransferUniqueId)
-      .def("read", &Session::Read, py::arg("local_offset"), py::arg("remote_offset"), py::arg("size"),
-           py::arg("transfer_uid"), py::call_guard<py::gil_scoped_release>())
-      .def("write", &Session::Write, py::arg("local_offset"), py::arg("remote_offset"), py::arg("size"),
-           py::arg("transfer_uid"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "read",
+          [](Session& s, uint64_t lo, uint64_t ro, uint64_t size, TransferUniqueId uid) {
+            return Single([&] { return s.Read(lo, ro, size, uid); });
+          },
+          py::arg("local_offset"), py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"))
+      .def(
+          "write",
+          [](Session& s, uint64_t lo, uint64_t ro, uint64_t size, TransferUniqueId uid) {
+            return Single([&] { return s.Write(lo, ro, size, uid); });
+          },
+          py::arg("local_offset"), py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"))
       .def(
           "batch_read",
-          [](Session& s, const Offsets& lo, const Offsets& ro, const Offsets& sz, TransferUniqueId uid) {
-            return s.BatchReadWrite(lo, ro, sz, uid, true);
+          [](Session& s, py::handle lo, py::handle ro, py::handle sz, TransferUniqueId uid) {
+            return SessionBatch(s, lo, ro, sz, uid, true);
           },
-          py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"))
       .def(
           "batch_write",
-          [](Session& s, const Offsets& lo, const Offsets& ro, const Offsets& sz, TransferUniqueId uid) {
-            return s.BatchReadWrite(lo, ro, sz, uid, false);
+          [](Session& s, py::handle lo, py::handle ro, py::handle sz, TransferUniqueId uid) {
+            return SessionBatch(s, lo, ro, sz, uid, false);
           },
-          py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"))
       .def("alive", &Session::Alive);
 
   py::class_<IOEngine>(m, "IOEngine")
@@ -253,28 +350,34 @@ void RegisterIo(py::module_& m) {
       .def("deregister_memory", &IOEngine::DeregisterMemory, py::arg("mem_desc"),
            py::call_guard<py::gil_scoped_release>())
       .def("allocate_transfer_uid", &IOEngine::AllocateTransferUniqueId)
-      .def("read", &IOEngine::Read, py::arg("local_dest_mem_desc"), py::arg("local_offset"),
-           py::arg("remote_src_mem_desc"), py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("write", &IOEngine::Write, py::arg("local_src_mem_desc"), py::arg("local_offset"),
-           py::arg("remote_dest_mem_desc"), py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"),
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "read",
+          [](IOEngine& e, const MemoryDesc& l, uint64_t lo, const MemoryDesc& r, uint64_t ro, uint64_t size,
+             TransferUniqueId uid) { return Single([&] { return e.Read(l, lo, r, ro, size, uid); }); },
+          py::arg("local_dest_mem_desc"), py::arg("local_offset"), py::arg("remote_src_mem_desc"),
+          py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"))
+      .def(
+          "write",
+          [](IOEngine& e, const MemoryDesc& l, uint64_t lo, const MemoryDesc& r, uint64_t ro, uint64_t size,
+             TransferUniqueId uid) { return Single([&] { return e.Write(l, lo, r, ro, size, uid); }); },
+          py::arg("local_src_mem_desc"), py::arg("local_offset"), py::arg("remote_dest_mem_desc"),
+          py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"))
       .def(
           "batch_read",
-          [](IOEngine& e, const std::vector<MemoryDesc>& lm, const std::vector<Offsets>& lo,
-             const std::vector<MemoryDesc>& rm, const std::vector<Offsets>& ro, const std::vector<Offsets>& sz,
-             const std::vector<TransferUniqueId>& uids) { return e.BatchReadWrite(lm, lo, rm, ro, sz, uids, true); },
+          [](IOEngine& e, py::handle lm, py::handle lo, py::handle rm, py::handle ro, py::handle sz,
+             py::handle uids) {
+            return EngineBatch(e, lm, lo, rm, ro, sz, uids, true, "local_dest_mem_descs", "remote_src_mem_descs");
+          },
           py::arg("local_dest_mem_descs"), py::arg("local_offsets"), py::arg("remote_src_mem_descs"),
-          py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uids"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uids"))
       .def(
           "batch_write",
-          [](IOEngine& e, const std::vector<MemoryDesc>& lm, const std::vector<Offsets>& lo,
-             const std::vector<MemoryDesc>& rm, const std::vector<Offsets>& ro, const std::vector<Offsets>& sz,
-             const std::vector<TransferUniqueId>& uids) { return e.BatchReadWrite(lm, lo, rm, ro, sz, uids, false); },
+          [](IOEngine& e, py::handle lm, py::handle lo, py::handle rm, py::handle ro, py::handle sz,
+             py::handle uids) {
+            return EngineBatch(e, lm, lo, rm, ro, sz, uids, false, "local_src_mem_descs", "remote_dest_mem_descs");
+          },
           py::arg("local_src_mem_descs"), py::arg("local_offsets"), py::arg("remote_dest_mem_descs"),
-          py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uids"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uids"))
       .def(
           "create_session",
           [](IOEngine& e, const MemoryDesc& l, const MemoryDesc& r) {

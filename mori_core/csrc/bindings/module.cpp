@@ -54,6 +54,9 @@ PYBIND11_MODULE(_C, m) {
 #ifdef MORI_HAS_RDMA_BINDINGS
   mori::bindings::RegisterRdmaTesting(m);
 #endif
+#ifdef MORI_HAS_XGMI_BINDINGS
+  mori::bindings::RegisterXgmiTesting(m);
+#endif
 #ifdef MORI_HAS_SHMEM_BINDINGS
   mori::bindings::RegisterShmem(m);
 #endif

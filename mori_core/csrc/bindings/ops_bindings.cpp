@@ -13,6 +13,17 @@ using mori::ep::EpHandleConfig;
 namespace mori::bindings {
 
 void RegisterOps(py::module_& m) {
+  // A launch on an operator whose kernels reported a failure; the Python layer
+  // re-raises it as mori_core.ops.EpOpError.
+  auto& op_failure = py::register_exception<mori::ep::OpFailed>(m, "EpOpFailure", PyExc_RuntimeError);
+  RegisterOpsFastCalls(m, op_failure.ptr());
+  m.def(
+      "ep_empty_kernel_launch",
+      [](bool dispatch_sized_args, uintptr_t stream, bool driver_api) {
+        mori::ep::LaunchEmptyKernel(dispatch_sized_args, driver_api, reinterpret_cast<gpuStream_t>(stream));
+      },
+      py::arg("dispatch_sized_args"), py::arg("stream"), py::arg("driver_api") = false,
+      "Launch an empty kernel on the current device (benchmark floor of one launch's host cost).");
   py::class_<EpHandle>(m, "EpDispatchCombineHandle", "Buffers and kernel launches of one EP operator.")
       .def(py::init([](int rank, int world_size, int hidden_dim, int scale_dim, int scale_type_size,
                        int max_token_type_size, int max_num_inp_token_per_rank, int num_experts_per_rank,
@@ -35,13 +46,8 @@ void RegisterOps(py::module_& m) {
            py::arg("scale_type_size"), py::arg("max_token_type_size"), py::arg("max_num_inp_token_per_rank"),
            py::arg("num_experts_per_rank"), py::arg("num_experts_per_token"), py::arg("max_num_tokens_to_recv"),
            py::arg("timeout_ms"))
-      .def("launch_dispatch", &EpHandle::Dispatch, py::arg("input"), py::arg("row_bytes"), py::arg("num_tokens"),
-           py::arg("weights"), py::arg("scales"), py::arg("indices"), py::arg("block_num"), py::arg("warp_per_block"),
-           py::arg("stream"))
-      .def("launch_combine", &EpHandle::Combine, py::arg("input"), py::arg("dtype"), py::arg("hidden_dim"),
-           py::arg("input_rows"), py::arg("weights"), py::arg("weight_rows"), py::arg("weights_symmetric"),
-           py::arg("indices"), py::arg("num_tokens"), py::arg("push"), py::arg("block_num"),
-           py::arg("warp_per_block"), py::arg("stream"))
+      // Launches go through _C.ep_launch_dispatch / ep_launch_combine (ops_fast_calls.cpp) with this address.
+      .def_property_readonly("address", [](const EpHandle& h) { return reinterpret_cast<uintptr_t>(&h); })
       .def("buffers",
            [](const EpHandle& h) {
              py::dict d;

@@ -54,6 +54,10 @@ using gpuPointerAttributes = hipPointerAttribute_t;
 #define gpuStreamDestroy hipStreamDestroy
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuStreamWaitEvent hipStreamWaitEvent
+#define gpuStreamQuery hipStreamQuery
+#define gpuHostAllocMapped hipHostMallocMapped
+#define gpuHostAllocPortable hipHostMallocPortable
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuEventCreateWithFlags hipEventCreateWithFlags
 #define gpuEventDisableTiming hipEventDisableTiming
 #define gpuEventInterprocess hipEventInterprocess
@@ -114,6 +118,10 @@ using gpuPointerAttributes = cudaPointerAttributes;
 #define gpuStreamDestroy cudaStreamDestroy
 #define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuStreamWaitEvent cudaStreamWaitEvent
+#define gpuStreamQuery cudaStreamQuery
+#define gpuHostAllocMapped cudaHostAllocMapped
+#define gpuHostAllocPortable cudaHostAllocPortable
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags
 #define gpuEventDisableTiming cudaEventDisableTiming
 #define gpuEventInterprocess cudaEventInterprocess

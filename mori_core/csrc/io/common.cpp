@@ -160,18 +160,19 @@ void TransferStatus::SetMessage(const std::string& message) {
 }
 
 void TransferStatus::SetProgressHook(std::function<void(TransferStatus&)> hook) {
+  auto h = hook ? std::make_shared<const std::function<void(TransferStatus&)>>(std::move(hook)) : nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  progressHook_ = std::move(hook);
+  progressHook_ = std::move(h);
 }
 
 void TransferStatus::Progress() {
   if (IsTerminal(static_cast<StatusCode>(code_.load(std::memory_order_acquire)))) return;
-  std::function<void(TransferStatus&)> hook;
+  std::shared_ptr<const std::function<void(TransferStatus&)>> hook;
   {
     std::lock_guard<std::mutex> lock(mu_);
     hook = progressHook_;
   }
-  if (hook) hook(*this);
+  if (hook) (*hook)(*this);
 }
 
 void TransferStatus::Wait() { WaitFor(-1); }

@@ -162,7 +162,8 @@ class TransferStatus {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string message_;
-  std::function<void(TransferStatus&)> progressHook_;
+  // Shared, so a poll copies a pointer (not the callable) out of the lock.
+  std::shared_ptr<const std::function<void(TransferStatus&)>> progressHook_;
 };
 
 using StatusPtr = std::shared_ptr<TransferStatus>;

@@ -11,6 +11,7 @@
 #include "io/backend_factory.hpp"
 #include "io/net/socket.hpp"
 #include "io/notify_channel.hpp"
+#include "io/submit_profile.hpp"
 
 namespace mori::io {
 namespace {
@@ -269,7 +270,9 @@ StatusPtr IOEngine::Submit(const MemoryDesc& local, const MemoryDesc& remote, Se
   if (merged.empty()) return Finished(StatusCode::SUCCESS, "");
   auto status = std::make_shared<TransferStatus>();
   status->Update(StatusCode::IN_PROGRESS);
+  profile::Mark(profile::kValidated);
   route.backend->Submit(TransferRequest{&region->desc, &remote, std::move(merged), uid, isRead, status, std::move(pin)});
+  profile::Mark(profile::kSubmitted);
   return status;
 }
 
@@ -283,9 +286,9 @@ StatusPtr IOEngine::Write(const MemoryDesc& local, uint64_t localOffset, const M
   return Submit(local, remote, SegmentList{{localOffset, remoteOffset, size}}, uid, false);
 }
 
-std::vector<StatusPtr> IOEngine::BatchReadWrite(const std::vector<MemoryDesc>& locals,
+std::vector<StatusPtr> IOEngine::BatchReadWrite(const std::vector<const MemoryDesc*>& locals,
                                                 const std::vector<std::vector<uint64_t>>& localOffsets,
-                                                const std::vector<MemoryDesc>& remotes,
+                                                const std::vector<const MemoryDesc*>& remotes,
                                                 const std::vector<std::vector<uint64_t>>& remoteOffsets,
                                                 const std::vector<std::vector<uint64_t>>& sizes,
                                                 const std::vector<TransferUniqueId>& uids, bool isRead) {
@@ -304,7 +307,7 @@ std::vector<StatusPtr> IOEngine::BatchReadWrite(const std::vector<MemoryDesc>& l
       out.push_back(Finished(StatusCode::ERR_INVALID_ARGS, "pair " + std::to_string(i) + ": " + e.what()));
       continue;
     }
-    out.push_back(Submit(locals[i], remotes[i], std::move(segs), uids[i], isRead));
+    out.push_back(Submit(*locals[i], *remotes[i], std::move(segs), uids[i], isRead));
   }
   return out;
 }
@@ -344,7 +347,9 @@ StatusPtr IOEngineSession::Submit(SegmentList segs, TransferUniqueId uid, bool i
   if (merged.empty()) return IOEngine::Finished(StatusCode::SUCCESS, "");
   auto status = std::make_shared<TransferStatus>();
   status->Update(StatusCode::IN_PROGRESS);
+  profile::Mark(profile::kValidated);
   session_->Submit(std::move(merged), uid, isRead, status);
+  profile::Mark(profile::kSubmitted);
   return status;
 }
 

@@ -72,9 +72,9 @@ class IOEngine {
                   uint64_t size, TransferUniqueId uid);
   // One status per (local, remote) pair. Throws InvalidArgument when the
   // outer lists differ in length; per-pair problems end that pair's status.
-  std::vector<StatusPtr> BatchReadWrite(const std::vector<MemoryDesc>& locals,
+  std::vector<StatusPtr> BatchReadWrite(const std::vector<const MemoryDesc*>& locals,
                                         const std::vector<std::vector<uint64_t>>& localOffsets,
-                                        const std::vector<MemoryDesc>& remotes,
+                                        const std::vector<const MemoryDesc*>& remotes,
                                         const std::vector<std::vector<uint64_t>>& remoteOffsets,
                                         const std::vector<std::vector<uint64_t>>& sizes,
                                         const std::vector<TransferUniqueId>& uids, bool isRead);

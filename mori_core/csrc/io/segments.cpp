@@ -44,18 +44,18 @@ SegmentList MergeContiguous(SegmentList segs) {
   auto byRemote = [](const Segment& a, const Segment& b) { return a.remoteOffset < b.remoteOffset; };
   if (!std::is_sorted(segs.begin(), segs.end(), byRemote))
     std::stable_sort(segs.begin(), segs.end(), byRemote);
-  SegmentList out;
-  out.reserve(segs.size());
-  out.push_back(segs[0]);
+  // In place: `out` trails `i`, so the list is merged without a second allocation.
+  size_t out = 0;
   for (size_t i = 1; i < segs.size(); ++i) {
-    Segment& last = out.back();
+    Segment& last = segs[out];
     const Segment& s = segs[i];
     if (last.remoteOffset + last.size == s.remoteOffset && last.localOffset + last.size == s.localOffset)
       last.size += s.size;
     else
-      out.push_back(s);
+      segs[++out] = s;
   }
-  return out;
+  segs.resize(out + 1);
+  return segs;
 }
 
 uint64_t TotalBytes(const SegmentList& segs) {

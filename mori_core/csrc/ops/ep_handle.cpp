@@ -19,6 +19,13 @@ void Require(bool cond, const std::string& msg) {
   if (!cond) throw InvalidArgument(msg);
 }
 
+// Per-launch checks build their message only when they fail: a launch is on
+// the host's hot path (a few microseconds in all), string building is not.
+#define EP_CHECK_ARG(cond, msg_expr)                    \
+  do {                                                  \
+    if (!(cond)) throw ::mori::InvalidArgument(msg_expr); \
+  } while (0)
+
 // Offsets of the op's buffers inside its heap block.
 struct Layout {
   size_t total = 0;
@@ -154,16 +161,17 @@ void EpHandle::Close() {
   }
 }
 
-void EpHandle::CheckOpen() const {
+void EpHandle::CheckUsable() const {
   if (!block_) throw BadState("the EP operator is closed");
   if (shmem::Generation() != generation_ || !shmem::Initialized())
     throw BadState("mori shmem was finalised after this EP operator was created; recreate the operator");
+  if (reinterpret_cast<const volatile EpErrorRecord*>(host_error_)->code != kErrNone) throw OpFailed(ErrorMessage());
 }
 
 void EpHandle::CheckWarps(int warps, int max_threads, const char* what) const {
   const int max_warps = max_threads / KernelWarpSize();
-  Require(warps >= 1 && warps <= max_warps, std::string(what) + " warp_per_block must be in [1, " +
-                                                std::to_string(max_warps) + "], got " + std::to_string(warps));
+  EP_CHECK_ARG(warps >= 1 && warps <= max_warps, std::string(what) + " warp_per_block must be in [1, " +
+                                                     std::to_string(max_warps) + "], got " + std::to_string(warps));
 }
 
 void EpHandle::set_timeout_ms(int64_t ms) {
@@ -174,16 +182,16 @@ void EpHandle::set_timeout_ms(int64_t ms) {
 
 void EpHandle::Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales,
                         uintptr_t indices, int blocks, int warps, uintptr_t stream) {
-  CheckOpen();
-  Require(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank,
+  CheckUsable();
+  EP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank,
           "num_tokens must be in [0, max_num_inp_token_per_rank=" + std::to_string(cfg_.max_num_inp_token_per_rank) +
               "], got " + std::to_string(num_tokens));
-  Require(row_bytes > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
+  EP_CHECK_ARG(row_bytes > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
           "row bytes must be a positive multiple of 16 up to hidden_dim * max_token_type_size = " +
               std::to_string(row_cap_) + ", got " + std::to_string(row_bytes));
-  Require(num_tokens == 0 || (input && indices), "input and indices must be non-null");
-  Require(input % 16 == 0, "input must be 16-byte aligned");
-  Require(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
+  EP_CHECK_ARG(num_tokens == 0 || (input && indices), "input and indices must be non-null");
+  EP_CHECK_ARG(input % 16 == 0, "input must be 16-byte aligned");
+  EP_CHECK_ARG(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
   CheckWarps(warps, kDispatchMaxThreads, "dispatch");
   DispatchParams p{};
   p.input = reinterpret_cast<const uint8_t*>(input);
@@ -199,17 +207,17 @@ void EpHandle::Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_
 void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights, int weight_rows,
                        bool weights_symmetric, uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
                        uintptr_t stream) {
-  CheckOpen();
-  Require(dtype == 0 || dtype == 1, "combine dtype code must be 0 (bf16) or 1 (fp32)");
+  CheckUsable();
+  EP_CHECK_ARG(dtype == 0 || dtype == 1, "combine dtype code must be 0 (bf16) or 1 (fp32)");
   const int elem = dtype == 0 ? 2 : 4;
   const int row_bytes = hidden_dim * elem;
-  Require(hidden_dim > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
+  EP_CHECK_ARG(hidden_dim > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
           "combine rows must be a positive multiple of 16 bytes up to " + std::to_string(row_cap_) + ", got " +
               std::to_string(row_bytes));
-  Require(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank, "num_tokens out of range");
-  Require(num_tokens == 0 || indices, "indices must be non-null");
-  Require(!push || input % 16 == 0, "input must be 16-byte aligned");
-  Require(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
+  EP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank, "num_tokens out of range");
+  EP_CHECK_ARG(num_tokens == 0 || indices, "indices must be non-null");
+  EP_CHECK_ARG(!push || input % 16 == 0, "input must be 16-byte aligned");
+  EP_CHECK_ARG(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
   CheckWarps(warps, kCombineMaxThreads, "combine");
   const CombineDtype dt = dtype == 0 ? CombineDtype::kBf16 : CombineDtype::kFp32;
   auto key = std::make_tuple(dtype, push, warps);
@@ -232,7 +240,7 @@ void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_row
 }
 
 std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::Buffers() const {
-  CheckOpen();
+  if (!block_) throw BadState("the EP operator is closed");
   const Layout l = MakeLayout(cfg_, row_cap_);
   std::vector<std::tuple<std::string, uintptr_t, size_t>> out;
   for (const char* name : {"dispatch_out", "dispatch_out_weights", "dispatch_out_indices", "dispatch_out_scales",

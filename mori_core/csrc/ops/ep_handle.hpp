@@ -9,10 +9,19 @@
 #include <tuple>
 #include <vector>
 
+#include "common/error.hpp"
 #include "ops/ep_kernels.hpp"
 #include "ops/ep_types.hpp"
 
 namespace mori::ep {
+
+// Raised by a launch when an earlier kernel of the operator reported a failure
+// (the op is unusable afterwards); the bindings map it to its own Python type
+// so the Python layer can re-raise it as EpOpError without a per-call check.
+class OpFailed : public BadState {
+ public:
+  using BadState::BadState;
+};
 
 struct EpHandleConfig {
   int rank = 0;
@@ -56,7 +65,9 @@ class EpHandle {
   void Close();
 
  private:
-  void CheckOpen() const;
+  // Throws BadState when closed or shmem was finalised, OpFailed when a kernel
+  // of this op reported a failure. Runs before every launch; costs two loads.
+  void CheckUsable() const;
   void CheckWarps(int warps, int max_threads, const char* what) const;
 
   EpHandleConfig cfg_;

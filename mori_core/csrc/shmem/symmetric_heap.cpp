@@ -85,6 +85,7 @@ void SymmetricHeap::OpenPeers(const std::vector<PeerHeapInfo>& peers) {
         peer_bases_[pe] = reinterpret_cast<uint8_t*>(p.base);
         continue;
       }
+      if (p.ipc_handle.empty()) continue;  // a peer on another node: not mapped (PeerBase() refuses it)
       if (p.ipc_handle.size() != sizeof(gpuIpcMemHandle_t))
         throw InvalidArgument("mori shmem: rank " + std::to_string(pe) + " sent a malformed IPC handle");
       gpuIpcMemHandle_t h;

@@ -3,10 +3,17 @@
 Modes follow MORI's benchmark: {single, batch} x {engine, session} for read and
 write. "single" submits ``batch`` separate transfers and waits for all of them;
 "batch" submits one batched transfer of ``batch`` scattered segments. Every
-number is the median over iterations of the wall time from the first submit to
-the last completion, measured on the initiator. A baseline measured in the same
-run sits beside it: a raw TCP socket for the TCP backend, a plain copy-engine
-peer copy (torch ``Tensor.copy_``) for the XGMI backend.
+latency is the median over iterations of the wall time from the first submit to
+the last completion, measured on the initiator (eager: iterations back to back).
+Beside it, the host time per call: the time spent inside the transfer call
+itself (until it returns the status), measured separately from completion.
+
+A baseline measured in the same run sits beside it: a raw TCP socket for the
+TCP backend, a plain copy-engine peer copy (torch ``Tensor.copy_``) for the
+XGMI backend. ``--breakdown`` adds where the host time of one call goes
+(timestamps taken inside the core, see ``mori_core._C.io_profile``); for XGMI
+also the scatter kernel's GPU time alone and a copy-engine copy of the same
+bytes; ``--kernel-sweep`` times the scatter kernel's shapes.
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 from mori_core.bench.table import fmt_bytes, median, print_table
+from mori_core.io import StatusCode, wait_all
 
 MODES = ("single", "single+session", "batch", "batch+session")
 
@@ -47,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-connections", type=int, default=4, help="TCP sockets per peer")
     p.add_argument("--initiator-device", type=int, default=0)
     p.add_argument("--target-device", type=int, default=1)
+    p.add_argument("--arrays", choices=("list", "numpy"), default="list",
+                   help="pass offsets/sizes of batches as Python lists (default) or numpy int64 arrays")
+    p.add_argument("--breakdown", action="store_true",
+                   help="time the pieces of one batch call (conversion, validation, launch, completion)")
+    p.add_argument("--kernel-sweep", action="store_true", help="XGMI: time the scatter kernel's shapes alone")
     p.add_argument("--plot", metavar="FILE", help="write a PNG chart of bandwidth vs message size")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -153,13 +166,15 @@ class Result:
     batch: int
     lat_us: float  # median per iteration
     min_us: float
+    host_us: float  # median host time per transfer call
 
     @property
     def gbps(self) -> float:
         return self.msg * self.batch / (self.lat_us * 1e-6) / 1e9
 
 
-def _time(fn: Callable[[], None], iters: int, warmup: int) -> list[float]:
+def _time(fn: Callable[[], object], iters: int, warmup: int) -> list[float]:
+    """Wall time (us) of each of ``iters`` calls of ``fn`` after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
     out = []
@@ -170,30 +185,108 @@ def _time(fn: Callable[[], None], iters: int, warmup: int) -> list[float]:
     return out
 
 
-def _check(statuses) -> None:
-    from mori_core.io import StatusCode, wait_all
+def _time_host(fn: Callable[[], float], iters: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Like _time for an iteration that returns the host time (ns) of its calls: (wall us, host us per call)."""
+    for _ in range(warmup):
+        fn()
+    wall, host = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        h = fn()
+        wall.append((time.perf_counter_ns() - t0) / 1e3)
+        host.append(h / 1e3)
+    return wall, host
 
+
+def _check(statuses) -> None:
     code = wait_all(statuses, 60_000)
     if code != StatusCode.SUCCESS:
         bad = next((s for s in statuses if not s.Succeeded()), None)
         raise RuntimeError(f"transfer failed: {code} {bad.Message() if bad else ''}")
 
 
-def _runner(engine, session, lm, rm, op: str, mode: str, msg: int, batch: int) -> Callable[[], None]:
-    offs = [i * 2 * msg for i in range(batch)]  # scattered: never merged
+def _check_one(status) -> None:
+    code = status.WaitFor(60_000)
+    if code != StatusCode.SUCCESS:
+        raise RuntimeError(f"transfer failed: {code} {status.Message()}")
+
+
+def offsets_of(msg: int, batch: int, arrays: str):
+    """Scattered offsets (stride 2 x msg: never merged) and sizes, as lists or numpy arrays."""
+    offs = [i * 2 * msg for i in range(batch)]
     sizes = [msg] * batch
+    if arrays == "numpy":
+        import numpy as np
+
+        return np.asarray(offs, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+    return offs, sizes
+
+
+def _runner(engine, session, lm, rm, op: str, mode: str, msg: int, batch: int,
+            arrays: str = "list") -> Callable[[], float]:
+    """One iteration of a mode; returns the host time (ns) per transfer call spent inside the calls."""
+    offs, sizes = offsets_of(msg, batch, arrays)
+    single_offs = [i * 2 * msg for i in range(batch)]
     read = op == "read"
-    if mode == "single":
-        f = engine.read if read else engine.write
-        return lambda: _check([f(lm, o, rm, o, msg, engine.allocate_transfer_uid()) for o in offs])
-    if mode == "single+session":
-        f = session.read if read else session.write
-        return lambda: _check([f(o, o, msg, session.allocate_transfer_uid()) for o in offs])
+    pc = time.perf_counter_ns
+    if mode in ("single", "single+session"):
+        if mode == "single":
+            f = engine.read if read else engine.write
+            call = lambda o, uid: f(lm, o, rm, o, msg, uid)  # noqa: E731
+        else:
+            f = session.read if read else session.write
+            call = lambda o, uid: f(o, o, msg, uid)  # noqa: E731
+        alloc = engine.allocate_transfer_uid
+
+        def single() -> float:
+            sts, host = [], 0
+            for o in single_offs:
+                uid = alloc()
+                t0 = pc()
+                sts.append(call(o, uid))
+                host += pc() - t0
+            _check(sts)
+            return host / len(single_offs)
+
+        return single
     if mode == "batch":
         f = engine.batch_read if read else engine.batch_write
-        return lambda: _check(f([lm], [offs], [rm], [offs], [sizes], [engine.allocate_transfer_uid()]))
+
+        def engine_batch() -> float:
+            uid = engine.allocate_transfer_uid()
+            t0 = pc()
+            sts = f([lm], [offs], [rm], [offs], [sizes], [uid])
+            t1 = pc()
+            _check(sts)
+            return t1 - t0
+
+        return engine_batch
     f = session.batch_read if read else session.batch_write
-    return lambda: _check([f(offs, offs, sizes, session.allocate_transfer_uid())])
+
+    def session_batch() -> float:
+        uid = session.allocate_transfer_uid()
+        t0 = pc()
+        st = f(offs, offs, sizes, uid)
+        t1 = pc()
+        _check_one(st)
+        return t1 - t0
+
+    return session_batch
+
+
+def _lone_write(session, msg: int) -> Callable[[], float]:
+    """One session write, waited for before the next: returns the host time (ns) of the call."""
+    pc = time.perf_counter_ns
+
+    def once() -> float:
+        uid = session.allocate_transfer_uid()
+        t0 = pc()
+        st = session.write(0, 0, msg, uid)
+        t1 = pc()
+        _check_one(st)
+        return t1 - t0
+
+    return once
 
 
 def _raw_baseline(port: int, nbytes: int, iters: int, warmup: int) -> list[float]:
@@ -208,20 +301,6 @@ def _raw_baseline(port: int, nbytes: int, iters: int, warmup: int) -> list[float
                 raise RuntimeError("raw baseline peer closed")
 
         return _time(once, iters, warmup)
-
-
-def _copy_baseline(nbytes: int, src_dev: int, dst_dev: int, iters: int, warmup: int) -> list[float]:
-    import torch
-
-    src = torch.ones(nbytes, dtype=torch.uint8, device=f"cuda:{src_dev}")
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{dst_dev}")
-
-    def once() -> None:
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize(dst_dev)
-        torch.cuda.synchronize(src_dev)
-
-    return _time(once, iters, warmup)
 
 
 def _progress(total: int, enabled: bool):
@@ -244,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.iters < 1:
         raise SystemExit("--batch and --iters must be >= 1")
     nbytes = max(max(sizes) * 2 * args.batch, large)
+    xgmi_gpu = args.backend == "xgmi" and mem == "gpu"
 
     from mori_core.io import EngineDesc, MemoryDesc
 
@@ -252,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
     proc = ctx.Process(target=_target_main, args=(child, args.backend, mem, args.target_device, nbytes, args.num_connections), daemon=True)
     proc.start()
     child.close()  # so a dying target shows up as EOF on the pipe
+    extra: dict = {}
     try:
         for _ in range(180):
             if parent.poll(1) or not proc.is_alive():
@@ -278,18 +359,31 @@ def run(args: argparse.Namespace) -> int:
         for op in ops:
             for msg in sizes:
                 for mode in MODES:
-                    lat = _time(_runner(engine, session, lm, rm, op, mode, msg, args.batch), args.iters, args.warmup)
-                    results.append(Result(op, mode, msg, args.batch, median(lat), min(lat)))
+                    fn = _runner(engine, session, lm, rm, op, mode, msg, args.batch, args.arrays)
+                    lat, host = _time_host(fn, args.iters, args.warmup)
+                    results.append(Result(op, mode, msg, args.batch, median(lat), min(lat), median(host)))
                     if bar:
                         bar.update(1)
         if bar:
             bar.close()
 
+        # One transfer alone: submit, wait, repeat (the latency of a lone small write).
+        lone = sizes[0]
+        extra["lone"] = (lone, *_time_host(_lone_write(session, lone), max(args.iters, 50), args.warmup))
+        if args.breakdown:
+            extra["breakdown"] = _breakdowns(session, sizes, args)
+        if xgmi_gpu and (args.breakdown or args.kernel_sweep):
+            extra.update(_gpu_facts(sizes, args))
+
         large_rows = []
         if large:
             lat = _time(_runner(engine, session, lm, rm, "write", "batch+session", large, 1), args.large_iters, 2)
-            base = (_raw_baseline(raw_port, large, args.large_iters, 2) if args.backend == "tcp"
-                    else _copy_baseline(large, args.initiator_device, args.target_device, args.large_iters, 2))
+            if args.backend == "tcp":
+                base = _raw_baseline(raw_port, large, args.large_iters, 2)
+            else:
+                from mori_core.bench.io_xgmi import copy_baseline
+
+                base = copy_baseline(large, args.initiator_device, args.target_device, args.large_iters, 2)[0]
             bw, bbw = large / median(lat) / 1e3, large / median(base) / 1e3
             large_rows.append([fmt_bytes(large), f"{median(lat):.0f}", f"{bw:.2f}", f"{median(base):.0f}", f"{bbw:.2f}", f"{bw / bbw:.2f}x"])
         parent.send("stop")
@@ -298,10 +392,54 @@ def run(args: argparse.Namespace) -> int:
         if proc.is_alive():
             proc.kill()
 
-    _report(args, results, large_rows, mem, str(route).split(".")[-1], sizes)
+    _report(args, results, large_rows, mem, str(route).split(".")[-1], sizes, extra)
     if args.plot:
         _plot(args.plot, results, args)
     return 0
+
+
+def _breakdowns(session, sizes, args) -> list[tuple[int, str, dict]]:
+    """Pieces of one session batch_write per size, with lists and with numpy arrays."""
+    from mori_core.bench.io_cost import breakdown
+
+    out = []
+    for msg in sizes:
+        for arrays in ("list", "numpy"):
+            offs, lens = offsets_of(msg, args.batch, arrays)
+            pieces = breakdown(lambda uid: session.batch_write(offs, offs, lens, uid), session.allocate_transfer_uid,
+                               args.iters, args.warmup)
+            out.append((msg, arrays, pieces))
+    one = breakdown(lambda uid: session.write(0, 0, sizes[0], uid), session.allocate_transfer_uid, args.iters,
+                    args.warmup)
+    out.append((sizes[0], "single write", one))
+    return out
+
+
+def _gpu_facts(sizes, args) -> dict:
+    """XGMI: copy-engine copy of the same bytes, the scatter kernel alone, and (--kernel-sweep) its shapes."""
+    from mori_core.bench.io_xgmi import KernelTimer, copy_baseline
+
+    span = max(sizes) * 2 * args.batch
+    timer = KernelTimer(args.initiator_device, args.target_device, span)
+    facts: dict = {"ce": {}, "kernel": {}}
+    for msg in sizes:
+        wall, host = copy_baseline(msg * args.batch, args.initiator_device, args.target_device, args.iters, args.warmup)
+        facts["ce"][msg] = (median(wall), median(host))
+        facts["kernel"][msg] = timer.kernel(msg, args.batch)
+    if args.kernel_sweep:
+        rows = []
+        shapes = [(16384, 256), (16384, 512), (32768, 256), (32768, 512), (65536, 512), (65536, 1024), (131072, 1024)]
+        for msg in sizes:
+            for piece, threads in shapes:
+                k = timer.kernel(msg, args.batch, piece, threads)
+                rows.append([f"{args.batch} x {fmt_bytes(msg)}", f"SM kernel, piece {fmt_bytes(piece)}, {threads} threads",
+                             k["eager_us"], k["gpu_us"] or 0.0,
+                             msg * args.batch / (k["gpu_us"] * 1e3) if k["gpu_us"] else 0.0])
+            ce = timer.copy_engines(msg, args.batch)
+            rows.append([f"{args.batch} x {fmt_bytes(msg)}", f"copy engines, {args.batch} copies", 0.0, ce or 0.0,
+                         msg * args.batch / (ce * 1e3) if ce else 0.0])
+        facts["sweep"] = rows
+    return facts
 
 
 def _hardware(mem: str) -> str:
@@ -319,24 +457,71 @@ def _hardware(mem: str) -> str:
     return desc
 
 
-def _report(args, results: list[Result], large_rows, mem: str, route: str, sizes) -> None:
+def _report(args, results: list[Result], large_rows, mem: str, route: str, sizes, extra: dict) -> None:
     hdr = ["Msg Size", "Batch", "Total"] + [m for m in MODES]
-    note = (f"backend {route}, {mem} memory, median of {args.iters} iterations after {args.warmup} warm-up; "
-            f"hardware: {_hardware(mem)}")
+    note = (f"backend {route}, {mem} memory, offsets as {args.arrays}, median of {args.iters} iterations after "
+            f"{args.warmup} warm-up; hardware: {_hardware(mem)}")
     for op in sorted({r.op for r in results}, reverse=True):
-        rows_bw, rows_lat = [], []
+        rows_bw, rows_lat, rows_host = [], [], []
         for msg in sizes:
             rs = {r.mode: r for r in results if r.op == op and r.msg == msg}
             base = [fmt_bytes(msg), args.batch, fmt_bytes(msg * args.batch)]
             rows_bw.append(base + [rs[m].gbps for m in MODES])
             rows_lat.append(base + [rs[m].lat_us for m in MODES])
+            rows_host.append(base + [rs[m].host_us for m in MODES])
         print_table(f"{op}: bandwidth (GB/s, median)", hdr, rows_bw)
-        print_table(f"{op}: latency per iteration (us, median)", hdr, rows_lat, note)
+        print_table(f"{op}: latency per iteration (us, median, eager)", hdr, rows_lat)
+        print_table(f"{op}: host time per transfer call (us, median; single modes: per call of {args.batch})",
+                    hdr, rows_host, note)
     if large_rows:
         base_name = "raw socket" if args.backend == "tcp" else "copy-engine peer copy"
         print_table(f"one large write vs {base_name} (same run)",
                     ["Size", "MORI-IO us", "MORI-IO GB/s", f"{base_name} us", f"{base_name} GB/s", "ratio"],
                     large_rows, note)
+    if "breakdown" in extra:
+        from mori_core.bench.io_cost import PIECES
+
+        rows = [[f"{args.batch if kind != 'single write' else 1} x {fmt_bytes(msg)}", kind] + [p[k] for k in PIECES]
+                for msg, kind, p in extra["breakdown"]]
+        print_table("where one session write call goes (us, median; session batch_write unless noted)",
+                    ["Transfer", "offsets"] + list(PIECES), rows,
+                    "to C++: Python wrapper + pybind11 dispatch; read args: offsets/sizes into C++; validate: bounds, "
+                    "merge, status; backend: submit incl. the GPU launch API calls ('of which launch'); return: back "
+                    "to Python; completion: from the call's return until Wait saw SUCCESS.")
+    if "sweep" in extra:
+        print_table("scatter kernel shapes vs copy engines, GPU time alone (us, median; same GPUs, this process)",
+                    ["Batch", "engine", "eager us (events around each launch)", "GPU us (CUDA graph)", "GB/s (GPU)"],
+                    extra["sweep"])
+    _summary(args, results, sizes, extra, route)
+
+
+def _summary(args, results: list[Result], sizes, extra: dict, route: str) -> None:
+    """The last table: session writes, latency and host time per call, beside the same run's baselines."""
+    rows = []
+    for msg in sizes:
+        r = next((x for x in results if x.op == "write" and x.mode == "batch+session" and x.msg == msg), None)
+        if r is None:
+            continue
+        row = [f"{args.batch} x {fmt_bytes(msg)}, one batch_write", r.lat_us, r.host_us, r.gbps]
+        if "ce" in extra:
+            ce = extra["ce"][msg]
+            k = extra["kernel"][msg]
+            row += [ce[0], k["gpu_us"] or 0.0, r.lat_us - k["gpu_us"] if k["gpu_us"] else 0.0]
+        rows.append(row)
+    lone, lat, host = extra["lone"]
+    row = [f"1 x {fmt_bytes(lone)}, one write alone", median(lat), median(host), lone / (median(lat) * 1e3)]
+    rows.append(row + ([0.0, 0.0, 0.0] if "ce" in extra else []))
+    r = next((x for x in results if x.op == "write" and x.mode == "single+session" and x.msg == sizes[0]), None)
+    if r is not None:
+        row = [f"{args.batch} x {fmt_bytes(sizes[0])}, {args.batch} writes (per write)", r.lat_us / args.batch,
+               r.host_us, r.gbps]
+        rows.append(row + ([0.0, 0.0, 0.0] if "ce" in extra else []))
+    hdr = ["Session transfer", "latency us", "host us per call", "GB/s"]
+    if "ce" in extra:
+        hdr += ["plain copy, same bytes, us", "kernel GPU us", "fixed cost us (latency - kernel GPU)"]
+    print_table(f"summary: {route} session writes (median; latency = submit to SUCCESS seen, eager)", hdr, rows,
+                "plain copy: one contiguous torch copy_ of the same bytes (copy engines) until both GPUs are idle; "
+                "kernel GPU: the scatter kernel alone in a CUDA graph; 0 = not measured")
 
 
 def _plot(path: str, results: list[Result], args) -> None:

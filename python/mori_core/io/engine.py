@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from mori_core import _C
 from mori_core._C import (
@@ -19,7 +19,12 @@ from mori_core._C import (
 if TYPE_CHECKING:  # torch is optional for the IO engine
     import torch
 
-__all__ = ["IOEngine", "IOEngineSession"]
+__all__ = ["IOEngine", "IOEngineSession", "Offsets"]
+
+#: Offsets and sizes of a batch: a list or tuple of ints, or a 1-D integer
+#: numpy array (any C-contiguous buffer of integers). Arrays are read in one
+#: pass without a Python object per element: the cheapest form for big batches.
+Offsets = Union[Sequence[int], Any]
 
 
 def _check_nonneg(**values: int) -> None:
@@ -28,14 +33,6 @@ def _check_nonneg(**values: int) -> None:
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
         if v < 0:
             raise ValueError(f"{name} must be >= 0, got {v}")
-
-
-def _check_offset_lists(**lists: Sequence[int]) -> None:
-    """Slow path: explain why the native call rejected its arguments."""
-    for name, seq in lists.items():
-        for i, v in enumerate(seq):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise TypeError(f"{name}[{i}] must be a non-negative int, got {v!r}")
 
 
 class IOEngineSession:
@@ -70,23 +67,31 @@ class IOEngineSession:
             raise
 
     def batch_read(
-        self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int], transfer_uid: int
+        self, local_offsets: Offsets, remote_offsets: Offsets, sizes: Offsets, transfer_uid: int
     ) -> TransferStatus:
-        """Read many segments as one transfer (one status for the whole batch)."""
+        """Read many segments as one transfer (one status for the whole batch).
+
+        The three arguments may be lists of ints or 1-D integer numpy arrays.
+        A negative or non-integer entry raises TypeError naming it; segments
+        outside a region end the status in ERR_INVALID_ARGS before anything moves.
+        """
         try:
             return self._native.batch_read(local_offsets, remote_offsets, sizes, transfer_uid)
         except TypeError:
-            _check_offset_lists(local_offsets=local_offsets, remote_offsets=remote_offsets, sizes=sizes)
+            _check_nonneg(transfer_uid=transfer_uid)
             raise
 
     def batch_write(
-        self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int], transfer_uid: int
+        self, local_offsets: Offsets, remote_offsets: Offsets, sizes: Offsets, transfer_uid: int
     ) -> TransferStatus:
-        """Write many segments as one transfer (one status for the whole batch)."""
+        """Write many segments as one transfer (one status for the whole batch).
+
+        Same argument rules as :meth:`batch_read`.
+        """
         try:
             return self._native.batch_write(local_offsets, remote_offsets, sizes, transfer_uid)
         except TypeError:
-            _check_offset_lists(local_offsets=local_offsets, remote_offsets=remote_offsets, sizes=sizes)
+            _check_nonneg(transfer_uid=transfer_uid)
             raise
 
     def alive(self) -> bool:
@@ -216,23 +221,27 @@ class IOEngine:
     def batch_read(
         self,
         local_dest_mem_descs: Sequence[MemoryDesc],
-        local_offsets: Sequence[Sequence[int]],
+        local_offsets: Sequence[Offsets],
         remote_src_mem_descs: Sequence[MemoryDesc],
-        remote_offsets: Sequence[Sequence[int]],
-        sizes: Sequence[Sequence[int]],
+        remote_offsets: Sequence[Offsets],
+        sizes: Sequence[Offsets],
         transfer_uids: Sequence[int],
     ) -> list[TransferStatus]:
-        """Batched reads: one entry per (local, remote) pair, one status per pair."""
+        """Batched reads: one entry per (local, remote) pair, one status per pair.
+
+        Every argument is checked before anything is submitted: outer lists of
+        different lengths raise ValueError, bad entries TypeError naming them.
+        """
         return self._batch(True, local_dest_mem_descs, local_offsets, remote_src_mem_descs, remote_offsets, sizes,
                            transfer_uids)
 
     def batch_write(
         self,
         local_src_mem_descs: Sequence[MemoryDesc],
-        local_offsets: Sequence[Sequence[int]],
+        local_offsets: Sequence[Offsets],
         remote_dest_mem_descs: Sequence[MemoryDesc],
-        remote_offsets: Sequence[Sequence[int]],
-        sizes: Sequence[Sequence[int]],
+        remote_offsets: Sequence[Offsets],
+        sizes: Sequence[Offsets],
         transfer_uids: Sequence[int],
     ) -> list[TransferStatus]:
         """Batched writes: one entry per (local, remote) pair, one status per pair."""
@@ -241,12 +250,7 @@ class IOEngine:
 
     def _batch(self, is_read, lm, lo, rm, ro, sz, uids) -> list[TransferStatus]:
         fn = self._native.batch_read if is_read else self._native.batch_write
-        try:
-            return fn(lm, lo, rm, ro, sz, uids)
-        except TypeError:
-            for i, (a, b, c) in enumerate(zip(lo, ro, sz)):
-                _check_offset_lists(**{f"local_offsets[{i}]": a, f"remote_offsets[{i}]": b, f"sizes[{i}]": c})
-            raise
+        return fn(lm, lo, rm, ro, sz, uids)
 
     def create_session(self, local_mem_desc: MemoryDesc, remote_mem_desc: MemoryDesc) -> Optional[IOEngineSession]:
         """Bind a (local, remote) pair to its backend, or None if no backend can serve it."""

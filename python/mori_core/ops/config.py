@@ -37,6 +37,15 @@ class EpDispatchCombineKernelType(enum.IntEnum):
 
 
 IMPLEMENTED_KERNEL_TYPES = (EpDispatchCombineKernelType.IntraNode, EpDispatchCombineKernelType.IntraNodeLL)
+# Served by mori_core.ops.internode (NVSHMEM across nodes, NVLink inside a node).
+INTERNODE_KERNEL_TYPES = (
+    EpDispatchCombineKernelType.InterNode,
+    EpDispatchCombineKernelType.InterNodeV1,
+    EpDispatchCombineKernelType.InterNodeV1LL,
+    EpDispatchCombineKernelType.AsyncLL,
+)
+MAX_WORLD_SIZE_INTERNODE = 64  # destination-rank masks are 64-bit
+MAX_GPUS_PER_NODE = 8  # MORI's MAX_GPUS_PER_NODE: one NVLink/XGMI domain
 
 
 class EpDispatchCombineQuantType(enum.IntEnum):
@@ -116,10 +125,14 @@ class EpDispatchCombineConfig:
             of combine into the source ranks' staging buffers); False = pull/zero-copy (peers read
             rows straight from this rank's registered buffer, see
             ``get_registered_combine_input_buffer``).
-        kernel_type: kernel family; IntraNode (and its alias IntraNodeLL) are implemented.
-        gpu_per_node: GPUs per node (inter-node kernels only; must be a power of two).
-        rdma_block_num: blocks dedicated to RDMA (inter-node kernels only; accepted, unused).
-        num_qp_per_pe: RDMA queue pairs per peer (inter-node kernels only; accepted, unused).
+        kernel_type: kernel family: IntraNode (and its alias IntraNodeLL) on NVLink; InterNode,
+            InterNodeV1, InterNodeV1LL and AsyncLL across nodes (mori_core.ops.internode).
+        gpu_per_node: GPUs per node (inter-node kernels: a power of two <= 8 dividing world_size;
+            rank r is local rank r % gpu_per_node of node r // gpu_per_node).
+        rdma_block_num: inter-node kernels: blocks of the dispatch that stage rows for the
+            network while the others write node peers (InterNodeV1/V1LL; 0 = every block does both).
+        num_qp_per_pe: RDMA queue pairs per peer: sets NVSHMEM_IBGDA_NUM_RC_PER_PE when this op
+            initialises NVSHMEM (IBGDA only; proxy transports have one proxy thread).
         quant_type: combine transport quantisation, "none" only in this build.
     """
 
@@ -205,6 +218,17 @@ class EpDispatchCombineConfig:
                 f"world_size={self.world_size} exceeds {MAX_WORLD_SIZE_INTRANODE} for kernel_type {kt.name} "
                 "(intra-node EP spans one node)",
             )
+        if kt in INTERNODE_KERNEL_TYPES:
+            need(
+                self.world_size <= MAX_WORLD_SIZE_INTERNODE,
+                f"world_size={self.world_size} exceeds {MAX_WORLD_SIZE_INTERNODE} for kernel_type {kt.name}",
+            )
+            need(
+                self.gpu_per_node <= MAX_GPUS_PER_NODE and self.world_size % self.gpu_per_node == 0,
+                f"gpu_per_node={self.gpu_per_node} must be <= {MAX_GPUS_PER_NODE} and divide "
+                f"world_size={self.world_size} for kernel_type {kt.name}",
+            )
+            need(self.num_qp_per_pe >= 1, f"num_qp_per_pe must be >= 1, got {self.num_qp_per_pe}")
         normalize_quant_type(self.quant_type)
 
     # ------------------------------------------------------------------ derived sizes

@@ -19,13 +19,15 @@ import torch
 
 from mori_core.ops.config import (
     IMPLEMENTED_KERNEL_TYPES,
+    INTERNODE_KERNEL_TYPES,
     EpDispatchCombineConfig,
     EpDispatchCombineQuantType,
     decode_src_token_pos,
     normalize_kernel_type,
     normalize_quant_type,
 )
-from mori_core.ops.launch_config import LaunchParams, launch_mode, resolve
+from mori_core.ops.call_cache import LaunchCache, RowBuffer, stream_handle_getter, tensor_matches, typed_view
+from mori_core.ops.launch_config import LaunchParams, launch_mode
 from mori_core.ops.validation import (
     COMBINE_DTYPES,
     DISPATCH_DTYPES,
@@ -74,11 +76,6 @@ def _byte_view(ptr: int, nbytes: int, device: torch.device) -> Optional[torch.Te
     return torch.as_tensor(_CudaBuffer(ptr, nbytes), device=device)
 
 
-def _typed_view(buf: torch.Tensor, dtype: torch.dtype, rows: int, cols: int) -> torch.Tensor:
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    return buf[: rows * cols * itemsize].view(dtype).view(rows, cols)
-
-
 class EpDispatchCombineOp:
     """IntraNode expert-parallel dispatch/combine on the GPUs of one node (MORI's API).
 
@@ -86,6 +83,14 @@ class EpDispatchCombineOp:
     on every rank first, with ``config.rank``/``config.world_size`` equal to the shmem
     rank/size. Construction is collective: every rank must create its ops in the same order.
     """
+
+    def __new__(cls, config: EpDispatchCombineConfig) -> "EpDispatchCombineOp":
+        """Inter-node kernel types are served by ``mori_core.ops.internode.InterNodeEpDispatchCombineOp``."""
+        if cls is EpDispatchCombineOp and normalize_kernel_type(config.kernel_type) in INTERNODE_KERNEL_TYPES:
+            from mori_core.ops.internode import InterNodeEpDispatchCombineOp
+
+            return super().__new__(InterNodeEpDispatchCombineOp)
+        return super().__new__(cls)
 
     def __init__(self, config: EpDispatchCombineConfig) -> None:
         config.validate()
@@ -137,6 +142,34 @@ class EpDispatchCombineOp:
         self._dispatch_tokens: Optional[int] = None
         self._cached_dispatch_launch: Optional[LaunchParams] = None
         self._cached_combine_launch: Optional[LaunchParams] = None
+        # Prepared once for the hot path (see call_cache): fixed views, views per (dtype, hidden),
+        # resolved launch parameters, and the constants the fast argument checks compare against.
+        self._dev_index = self.device.index
+        self._failure = _C.EpOpFailure
+        self._handle_addr = int(self._handle.address)  # 0 once closed (the fast calls refuse it)
+        self._launch_dispatch = _C.ep_launch_dispatch
+        self._launch_combine = _C.ep_launch_combine
+        self._stream_of = stream_handle_getter()
+        self._launches = LaunchCache(
+            config.block_num, config.warp_num_per_block, self._sm_count, self._arch_major,
+            self.launch_config_mode, config.world_size,
+        )
+        topk = config.num_experts_per_token
+        self._out_weights = typed_view(bufs["dispatch_out_weights"], torch.float32, self._max_recv, topk)
+        self._out_indices = typed_view(bufs["dispatch_out_indices"], torch.int32, self._max_recv, topk)
+        self._out_weights_ptr = self._out_weights.data_ptr()
+        self._combine_out_weights = typed_view(
+            bufs["combine_out_weights"], torch.float32, config.max_num_inp_token_per_rank, topk
+        )
+        self._dispatch_rows: dict[tuple[torch.dtype, int], RowBuffer] = {}
+        self._combine_rows: dict[tuple[torch.dtype, int], RowBuffer] = {}
+        self._scale_views: dict[torch.dtype, torch.Tensor] = {}
+        self._registered_views: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        self._push_default = bool(config.use_external_inp_buf)
+        self._max_tok = config.max_num_inp_token_per_rank
+        self._topk = topk
+        self._scale_dim = config.scale_dim
+        self._scale_size = config.scale_type_size
 
     # ------------------------------------------------------------------ sizes
     def max_num_tokens_to_recv(self) -> int:
@@ -173,27 +206,7 @@ class EpDispatchCombineOp:
     def get_launch_config(self, is_dispatch: bool = True, num_tokens: int = 0, zero_copy: bool = False) -> LaunchParams:
         """The (block_num, warp_per_block) a call without overrides would use."""
         kernel = "dispatch" if is_dispatch else ("combine_pull" if zero_copy else "combine_push")
-        return self._launch(kernel, num_tokens, -1, -1)
-
-    def _launch(self, kernel: str, num_tokens: int, block_num: int, warp_per_block: int) -> LaunchParams:
-        p = resolve(
-            kernel,
-            num_tokens,
-            block_num,
-            warp_per_block,
-            self.config.block_num,
-            self.config.warp_num_per_block,
-            self._sm_count,
-            self._arch_major,
-            self.launch_config_mode,
-            self.config.world_size,
-        )
-        max_warps = 512 // 32
-        if not 1 <= p.warp_per_block <= max_warps:
-            raise ValueError(f"warp_per_block={p.warp_per_block} must be in [1, {max_warps}] (512 threads per block)")
-        if p.block_num < 1:
-            raise ValueError(f"block_num={p.block_num} must be >= 1")
-        return p
+        return self._launches.get(kernel, num_tokens, -1, -1)
 
     # ------------------------------------------------------------------ errors
     def check_error(self, synchronize: bool = True) -> None:
@@ -241,40 +254,94 @@ class EpDispatchCombineOp:
             (:meth:`get_dispatch_src_token_pos` tells each row's source). They are overwritten by
             the next dispatch.
         """
-        self.check_error(synchronize=False)
-        check_launch_overrides(block_num, rdma_block_num, warp_per_block)
-        cfg = self.config
-        args = check_dispatch_args(cfg, input, weights, scales, indices, device=self.device, allowed_dtypes=DISPATCH_DTYPES)
+        if block_num != -1 or rdma_block_num != -1 or warp_per_block != -1:
+            check_launch_overrides(block_num, rdma_block_num, warp_per_block)
+        topk, dev, scale_dim = self._topk, self._dev_index, self._scale_dim
+        # Fast accept (exact dtypes/shapes/layout against what was prepared); anything else is
+        # handed to the full validators, which raise naming the argument and the limit.
+        try:
+            n, h = input.shape
+            rows = self._dispatch_rows.get((input.dtype, h))
+            ok = (
+                rows is not None
+                and n <= self._max_tok
+                and input.is_contiguous()
+                and input.get_device() == dev
+                and tensor_matches(indices, torch.int32, (n, topk), dev)
+                and (weights is None or tensor_matches(weights, torch.float32, (n, topk), dev))
+                and (
+                    scales is None
+                    if scale_dim == 0
+                    else scales is None
+                    or (
+                        scales.shape == (n, scale_dim)
+                        and scales.element_size() == self._scale_size
+                        and scales.is_contiguous()
+                        and scales.get_device() == dev
+                    )
+                )
+            )
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            rows = self._validate_dispatch(input, weights, scales, indices)
+            n = int(input.shape[0])
+        has_scales = scales is not None and scale_dim > 0
+        p = self._launches.get("dispatch", n, block_num, warp_per_block)
+        self._cached_dispatch_launch = p
+        try:
+            self._launch_dispatch(
+                self._handle_addr,
+                input.data_ptr(),
+                rows.row_bytes,
+                n,
+                0 if weights is None else weights.data_ptr(),
+                scales.data_ptr() if has_scales else 0,
+                indices.data_ptr(),
+                p.block_num,
+                p.warp_per_block,
+                self._stream_of(dev),
+            )
+        except self._failure as e:
+            raise EpOpError(str(e)) from None
+        self._dispatch_tokens = n
+        out_scales = self._scale_view(scales.dtype) if has_scales else None
+        if call_local_expert_count:
+            self._count_local_experts(self._out_indices)
+        return rows.view, self._out_weights, out_scales, self._out_indices, self._total_recv
+
+    def _validate_dispatch(
+        self,
+        input: torch.Tensor,
+        weights: Optional[torch.Tensor],
+        scales: Optional[torch.Tensor],
+        indices: torch.Tensor,
+    ) -> RowBuffer:
+        """Full dispatch validation (raises with the argument and the limit); on success returns
+        the output view for the input's (dtype, hidden), built on first use."""
+        args = check_dispatch_args(
+            self.config, input, weights, scales, indices, device=self.device, allowed_dtypes=DISPATCH_DTYPES
+        )
         row_bytes = args.hidden_dim * input.element_size()
         if row_bytes % 16:
             raise ValueError(
                 f"input rows must be a multiple of 16 bytes (hidden {args.hidden_dim} x {input.element_size()} B "
                 f"= {row_bytes} B) for the 16-byte vector copies"
             )
-        p = self._launch("dispatch", args.num_tokens, block_num, warp_per_block)
-        self._cached_dispatch_launch = p
-        self._handle.launch_dispatch(
-            input.data_ptr(),
-            row_bytes,
-            args.num_tokens,
-            weights.data_ptr() if args.has_weights else 0,
-            scales.data_ptr() if args.has_scales else 0,
-            indices.data_ptr(),
-            p.block_num,
-            p.warp_per_block,
-            torch.cuda.current_stream(self.device).cuda_stream,
-        )
-        self._dispatch_tokens = args.num_tokens
-        topk, mr = cfg.num_experts_per_token, self._max_recv
-        out = _typed_view(self._bufs["dispatch_out"], input.dtype, mr, args.hidden_dim)
-        out_weights = _typed_view(self._bufs["dispatch_out_weights"], torch.float32, mr, topk)
-        out_indices = _typed_view(self._bufs["dispatch_out_indices"], torch.int32, mr, topk)
-        out_scales = None
-        if args.has_scales:
-            out_scales = _typed_view(self._bufs["dispatch_out_scales"], scales.dtype, mr, cfg.scale_dim)
-        if call_local_expert_count:
-            self._count_local_experts(out_indices)
-        return out, out_weights, out_scales, out_indices, self._total_recv
+        key = (input.dtype, args.hidden_dim)
+        rows = self._dispatch_rows.get(key)
+        if rows is None:
+            view = typed_view(self._bufs["dispatch_out"], input.dtype, self._max_recv, args.hidden_dim)
+            rows = self._dispatch_rows[key] = RowBuffer(view, row_bytes, -1)
+        return rows
+
+    def _scale_view(self, dtype: torch.dtype) -> torch.Tensor:
+        """``[max_recv, scale_dim]`` view of the received scales in ``dtype`` (built once)."""
+        v = self._scale_views.get(dtype)
+        if v is None:
+            v = typed_view(self._bufs["dispatch_out_scales"], dtype, self._max_recv, self.config.scale_dim)
+            self._scale_views[dtype] = v
+        return v
 
     def _count_local_experts(self, out_indices: torch.Tensor) -> None:
         """Received rows per local expert, with device ops only (no host sync; graph-safe)."""
@@ -344,47 +411,80 @@ class EpDispatchCombineOp:
             ``(out[max_num_inp_token_per_rank, hidden], out_weights[.., topk] f32 or None)``
             views of the op's buffers; rows ``[0, num_tokens)`` are valid.
         """
-        self.check_error(synchronize=False)
-        check_launch_overrides(block_num, rdma_block_num, warp_per_block)
-        if self._dispatch_tokens is None:
-            raise RuntimeError("combine() needs a preceding dispatch()")
-        cfg = self.config
-        has_weights = check_combine_args(
-            cfg, input, weights, indices, self._dispatch_tokens, device=self.device, allowed_dtypes=COMBINE_DTYPES
-        )
-        push = resolve_combine_mode(cfg, use_external_inp_buf)
-        h = int(input.shape[1])
-        if (h * input.element_size()) % 16:
-            raise ValueError(f"input rows must be a multiple of 16 bytes, got hidden {h} x {input.element_size()} B")
+        if block_num != -1 or rdma_block_num != -1 or warp_per_block != -1:
+            check_launch_overrides(block_num, rdma_block_num, warp_per_block)
         n = self._dispatch_tokens
-        p = self._launch("combine_push" if push else "combine_pull", n, block_num, warp_per_block)
+        if n is None:
+            raise RuntimeError("combine() needs a preceding dispatch()")
+        push = self._push_default if use_external_inp_buf == -1 else resolve_combine_mode(self.config, use_external_inp_buf)
+        topk, dev = self._topk, self._dev_index
+        try:
+            in_rows, h = input.shape
+            rows = self._combine_rows.get((input.dtype, h))
+            has_weights = weights is not None and weights.numel() > 0
+            ok = (
+                rows is not None
+                and input.is_contiguous()
+                and input.get_device() == dev
+                and tensor_matches(indices, torch.int32, (n, topk), dev)
+                and (
+                    not has_weights
+                    or (
+                        weights.dtype is torch.float32
+                        and weights.dim() == 2
+                        and weights.shape[1] == topk
+                        and weights.is_contiguous()
+                        and weights.get_device() == dev
+                    )
+                )
+            )
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            rows, has_weights = self._validate_combine(input, weights, indices, n)
+            in_rows = int(input.shape[0])
+        p = self._launches.get("combine_push" if push else "combine_pull", n, block_num, warp_per_block)
         self._cached_combine_launch = p
         w_ptr = weights.data_ptr() if has_weights else 0
-        w_symmetric = has_weights and w_ptr == self._bufs["dispatch_out_weights"].data_ptr()
-        self._handle.launch_combine(
-            input.data_ptr(),
-            _COMBINE_DTYPE_CODE[input.dtype],
-            h,
-            int(input.shape[0]),
-            w_ptr,
-            int(weights.shape[0]) if has_weights else 0,
-            bool(w_symmetric),
-            indices.data_ptr(),
-            n,
-            bool(push),
-            p.block_num,
-            p.warp_per_block,
-            torch.cuda.current_stream(self.device).cuda_stream,
-        )
-        out = _typed_view(self._bufs["combine_out"], input.dtype, cfg.max_num_inp_token_per_rank, h)
-        out_weights = None
-        if has_weights:
-            out_weights = _typed_view(
-                self._bufs["combine_out_weights"], torch.float32, cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token
+        try:
+            self._launch_combine(
+                self._handle_addr,
+                input.data_ptr(),
+                rows.dtype_code,
+                rows.view.shape[1],
+                in_rows,
+                w_ptr,
+                int(weights.shape[0]) if has_weights else 0,
+                has_weights and w_ptr == self._out_weights_ptr,
+                indices.data_ptr(),
+                n,
+                push,
+                p.block_num,
+                p.warp_per_block,
+                self._stream_of(dev),
             )
-        if call_reset:
-            self.reset()
-        return out, out_weights
+        except self._failure as e:
+            raise EpOpError(str(e)) from None
+        return rows.view, (self._combine_out_weights if has_weights else None)
+
+    def _validate_combine(
+        self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor, num_tokens: int
+    ) -> tuple[RowBuffer, bool]:
+        """Full combine validation (raises with the argument and the limit); on success returns the
+        output view for the input's (dtype, hidden), built on first use, and whether weights combine."""
+        has_weights = check_combine_args(
+            self.config, input, weights, indices, num_tokens, device=self.device, allowed_dtypes=COMBINE_DTYPES
+        )
+        h = int(input.shape[1])
+        row_bytes = h * input.element_size()
+        if row_bytes % 16:
+            raise ValueError(f"input rows must be a multiple of 16 bytes, got hidden {h} x {input.element_size()} B")
+        key = (input.dtype, h)
+        rows = self._combine_rows.get(key)
+        if rows is None:
+            view = typed_view(self._bufs["combine_out"], input.dtype, self.config.max_num_inp_token_per_rank, h)
+            rows = self._combine_rows[key] = RowBuffer(view, row_bytes, _COMBINE_DTYPE_CODE[input.dtype])
+        return rows, has_weights
 
     def combine_send(
         self,
@@ -416,13 +516,17 @@ class EpDispatchCombineOp:
         row) before calling ``combine(..., use_external_inp_buf=0)``; write it only after the
         dispatch of the same round."""
         h = self.config.hidden_dim if hidden_dim is None or hidden_dim <= 0 else int(hidden_dim)
+        view = self._registered_views.get((dtype, h))
+        if view is not None:
+            return view
         if h > self.config.hidden_dim:
             raise ValueError(f"hidden_dim={h} exceeds config.hidden_dim={self.config.hidden_dim}")
         if dtype not in DISPATCH_DTYPES:
             raise ValueError(f"dtype {dtype} is not supported; use one of {list(DISPATCH_DTYPES)}")
         if torch.empty(0, dtype=dtype).element_size() > self.config.max_token_type_size:
             raise ValueError(f"dtype {dtype} is wider than max_token_type_size={self.config.max_token_type_size}")
-        return _typed_view(self._bufs["combine_input"], dtype, self._max_recv, h)
+        view = self._registered_views[(dtype, h)] = typed_view(self._bufs["combine_input"], dtype, self._max_recv, h)
+        return view
 
     def reset(self) -> None:
         """No-op kept for MORI compatibility: the kernels reset their counters themselves."""
@@ -434,6 +538,7 @@ class EpDispatchCombineOp:
         if handle is not None:
             torch.cuda.synchronize(self.device)
             self._bufs = {}
+            self._handle_addr = 0
             handle.close()
             self._handle = None
 

@@ -88,3 +88,35 @@ def resolve(
         block_num if block_num > 0 else base.block_num,
         warp_per_block if warp_per_block > 0 else base.warp_per_block,
     )
+
+
+# MORI's AUTO table for the inter-node kernel types (its EP guide, "Launch Configuration"):
+# name -> (block_num, rdma_block_num, warp_per_block).
+INTERNODE_AUTO = {
+    "InterNodeV1": (96, 64, 8),
+    "InterNodeV1LL": (96, 64, 8),
+    "InterNode": (128, 0, 16),
+    "AsyncLL": (128, 0, 16),
+}
+
+
+def resolve_internode(
+    kernel_type: str,
+    block_num: int,
+    rdma_block_num: int,
+    warp_per_block: int,
+    config_block_num: int,
+    config_rdma_block_num: int,
+    config_warp_per_block: int,
+    mode: Optional[str] = None,
+) -> tuple[int, int, int]:
+    """(block_num, rdma_block_num, warp_per_block) of an inter-node kernel launch: explicit
+    per-call values (> 0) > MORI's AUTO table (``MORI_EP_LAUNCH_CONFIG_MODE=AUTO``) > config."""
+    mode = launch_mode() if mode is None else mode
+    base = INTERNODE_AUTO[kernel_type] if mode == "AUTO" else (config_block_num, config_rdma_block_num,
+                                                                config_warp_per_block)
+    return (
+        block_num if block_num > 0 else base[0],
+        rdma_block_num if rdma_block_num > 0 else base[1],
+        warp_per_block if warp_per_block > 0 else base[2],
+    )

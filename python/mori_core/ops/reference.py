@@ -13,6 +13,9 @@ semantics are those of :class:`mori_core.ops.EpDispatchCombineOp`:
 * combine returns, per original token, the fp32-accumulated sum of the rows its unique
   destination ranks return (no weighting: the experts apply the gating weights), and the
   returned weight rows summed the same way. It uses the caller's own routing ``indices``.
+  For the inter-node kernel types with several nodes the sum is hierarchical, as the GPU
+  kernels compute it: per node in fp32 (ascending rank) rounded once to the combine dtype, then
+  the node partials in fp32 in ascending node order (weights stay fp32 throughout).
 
 Each call issues an ``all_gather`` of counts and one ``all_to_all_single`` of packed rows.
 """
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from mori_core.ops.config import (
+    INTERNODE_KERNEL_TYPES,
     EpDispatchCombineConfig,
     decode_src_token_pos,
     normalize_kernel_type,
@@ -74,7 +78,9 @@ class ReferenceEpDispatchCombineOp:
         device: Optional[torch.device] = None,
     ) -> None:
         config.validate()
-        normalize_kernel_type(config.kernel_type)  # any kernel type is semantically the same here
+        kt = normalize_kernel_type(config.kernel_type)
+        # Inter-node types reduce per node before the network (see combine()).
+        self._hierarchical = kt in INTERNODE_KERNEL_TYPES and config.gpu_per_node < config.world_size
         self.config = config
         self.group = group
         if config.world_size > 1 or (dist.is_available() and dist.is_initialized()):
@@ -325,18 +331,33 @@ class ReferenceEpDispatchCombineOp:
         row_bytes = h * input.element_size()
         acc = torch.zeros(n, h, dtype=torch.float32, device=self.device)
         acc_w = torch.zeros(n, topk, dtype=torch.float32, device=self.device) if has_weights else None
+        # Inter-node kernel types sum per node first (fp32, ascending rank, rounded once to the
+        # combine dtype), then the node partials in fp32 in ascending node order; with one node
+        # or one GPU per node that is the flat fp32 sum over ranks below.
+        group = cfg.gpu_per_node if self._hierarchical else 1
         offset = 0
-        for r in range(cfg.world_size):
-            cnt = st["send_counts"][r]
-            if cnt == 0:
-                continue
-            chunk = back[offset : offset + cnt]
-            offset += cnt
-            tok = st["send_tokens"][r]
-            vals = chunk[:, :row_bytes].contiguous().view(input.dtype).view(cnt, h)
-            acc.index_add_(0, tok, vals.to(torch.float32))
+        for node0 in range(0, cfg.world_size, group):
+            part = torch.zeros(n, h, dtype=torch.float32, device=self.device)
+            part_w = torch.zeros(n, topk, dtype=torch.float32, device=self.device) if has_weights else None
+            hit = torch.zeros(n, dtype=torch.bool, device=self.device)
+            for r in range(node0, node0 + group):
+                cnt = st["send_counts"][r]
+                if cnt == 0:
+                    continue
+                chunk = back[offset : offset + cnt]
+                offset += cnt
+                tok = st["send_tokens"][r]
+                hit[tok] = True
+                vals = chunk[:, :row_bytes].contiguous().view(input.dtype).view(cnt, h)
+                part.index_add_(0, tok, vals.to(torch.float32))
+                if part_w is not None:
+                    part_w.index_add_(0, tok, chunk[:, row_bytes:].contiguous().view(torch.float32).view(cnt, topk))
+            tok = torch.nonzero(hit).flatten()
+            if group > 1:
+                part = part.to(input.dtype).to(torch.float32)
+            acc.index_add_(0, tok, part[tok])
             if acc_w is not None:
-                acc_w.index_add_(0, tok, chunk[:, row_bytes:].contiguous().view(torch.float32).view(cnt, topk))
+                acc_w.index_add_(0, tok, part_w[tok])
         out = torch.zeros(cfg.max_num_inp_token_per_rank, h, dtype=input.dtype, device=self.device)
         out[:n] = acc.to(input.dtype)
         out_weights = None

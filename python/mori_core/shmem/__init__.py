@@ -18,7 +18,8 @@ or without torch.distributed::
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import socket
+from typing import Any, Callable, Optional
 
 from mori_core.shmem.bootstrap import Bootstrap, new_unique_id, parse_unique_id
 
@@ -44,6 +45,9 @@ __all__ = [
 ]
 
 _BOOT: Optional[Bootstrap] = None
+# Called (newest first) by shmem_finalize before the heap goes: engines bootstrapped over this
+# shmem instance (NVSHMEM for the inter-node EP kernels) tear down here.
+_FINALIZERS: list[Callable[[], None]] = []
 
 
 def _core() -> Any:
@@ -91,8 +95,14 @@ def shmem_init_attr(flags: int, rank: int, world_size: int, unique_id: Any) -> i
     device = torch.cuda.current_device()
     boot = Bootstrap.connect(uid, rank, world_size)
     try:
-        local = core.shmem_init_local(rank, world_size, device)
-        infos = boot.all_gather("heap", dict(local))
+        local = dict(core.shmem_init_local(rank, world_size, device))
+        local["host"] = socket.gethostname()
+        infos = boot.all_gather("heap", local)
+        # CUDA IPC reaches only the GPUs of this host: peers on other nodes stay unmapped (the
+        # inter-node EP kernels reach them through NVSHMEM instead).
+        for info in infos:
+            if info.pop("host") != local["host"]:
+                info["ipc_handle"] = b""
         sizes = {int(i["size"]) for i in infos}
         if len(sizes) != 1:
             raise RuntimeError(
@@ -152,6 +162,8 @@ def shmem_finalize() -> None:
         return
     core = _core()
     try:
+        while _FINALIZERS:
+            _FINALIZERS.pop()()
         core.device_synchronize(core.shmem_device())
         _BOOT.barrier("finalize")
     finally:
@@ -234,6 +246,18 @@ def require_initialized(rank: int, world_size: int) -> None:
         raise ValueError(
             f"config rank/world_size ({rank}/{world_size}) differ from shmem's ({boot.rank}/{boot.world_size})"
         )
+
+
+def exchange(tag: str, obj: Any) -> list[Any]:
+    """Collective: every rank's picklable ``obj``, indexed by rank, over the shmem bootstrap
+    store (bounded by MORI_BOOTSTRAP_TIMEOUT). Other engines bootstrap through it."""
+    return _require_boot().all_gather(f"x_{tag}", obj)
+
+
+def register_finalizer(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in :func:`shmem_finalize`, before the heap is freed (newest first)."""
+    _require_boot()
+    _FINALIZERS.append(fn)
 
 
 def verify_symmetric(tag: str, value: int) -> None:

@@ -1,33 +1,93 @@
 #include "io/p2p/completion_waiter.hpp"
 
-namespace mori::io::p2p {
+#include <sys/prctl.h>
 
-void GpuCompletion::Complete(TransferStatus* status, gpuError_t e) {
+#include <chrono>
+
+#include "common/logging.hpp"
+#include "io/submit_profile.hpp"
+
+namespace mori::io::p2p {
+namespace {
+
+// A kernel that faulted never writes its signal; its stream then reports the
+// error. Streams are asked only this long after submission and as often,
+// so healthy copies cost no driver call at all.
+constexpr int64_t kStreamCheckNs = 1000000;
+// The background thread polls every kPollTick while copies are in flight,
+// looks for new ones every kLingerTick for kLinger after the last one (so a
+// steady stream of transfers never pays a wake-up), then parks.
+constexpr auto kPollTick = std::chrono::microseconds(20);
+constexpr auto kLingerTick = std::chrono::microseconds(100);
+constexpr auto kLinger = std::chrono::milliseconds(5);
+// Destruction waits this long for copies in flight (a hung GPU must not hang exit).
+constexpr auto kDrainTimeout = std::chrono::seconds(30);
+
+}  // namespace
+
+GpuCompletion::GpuCompletion(std::shared_ptr<StreamPool> pool, StreamPool::Device* device, gpuStream_t stream,
+                             SignalSlots::Slot slot, RegionPin pin)
+    : pool_(std::move(pool)),
+      device_(device),
+      stream_(stream),
+      slot_(slot),
+      nextStreamCheckNs_(profile::NowNs() + kStreamCheckNs),
+      pin_(std::move(pin)) {}
+
+GpuCompletion::GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, RegionPin pin)
+    : pool_(std::move(pool)), deviceId_(device), event_(event), pin_(std::move(pin)) {}
+
+// A completion that never finished (abandoned at shutdown) keeps its slot or
+// event out of circulation: the GPU may still write the slot.
+GpuCompletion::~GpuCompletion() = default;
+
+gpuError_t GpuCompletion::Check() {
+  if (slot_) {
+    if (slot_.Signalled()) return gpuSuccess;
+    const int64_t now = profile::NowNs();
+    if (now < nextStreamCheckNs_) return gpuErrorNotReady;
+    nextStreamCheckNs_ = now + kStreamCheckNs;
+    // A drained stream means the kernel ended; a sticky error means it failed.
+    gpuError_t e = gpuStreamQuery(stream_);
+    if (e == gpuSuccess || e == gpuErrorNotReady) return slot_.Signalled() ? gpuSuccess : e;
+    (void)gpuGetLastError();
+    return e;
+  }
+  gpuError_t e = gpuEventQuery(event_);
+  if (e != gpuSuccess && e != gpuErrorNotReady) (void)gpuGetLastError();
+  return e;
+}
+
+bool GpuCompletion::Poll(TransferStatus* status) {
+  gpuError_t e;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return;
+    if (done_) return true;
+    e = Check();
+    if (e == gpuErrorNotReady) return false;
     done_ = true;
+    result_ = e;
     pin_ = RegionPin();
+    if (slot_) {
+      // The slot's word is reused only when this kernel provably wrote it;
+      // after a failure (or a stream that drained without it) it is retired.
+      if (e == gpuSuccess && slot_.Signalled()) device_->signals.Release(slot_);
+    } else {
+      pool_->ReleaseEvent(deviceId_, event_);
+    }
   }
-  if (!status) return;
-  if (e == gpuSuccess)
-    status->Update(StatusCode::SUCCESS);
-  else
-    status->Update(StatusCode::ERR_GPU_OP, std::string("GPU copy failed: ") + gpuGetErrorString(e));
+  if (status) {
+    if (e == gpuSuccess)
+      status->Update(StatusCode::SUCCESS);
+    else
+      status->Update(StatusCode::ERR_GPU_OP, std::string("GPU copy failed: ") + gpuGetErrorString(e));
+  }
+  return true;
 }
 
-void GpuCompletion::Poll(TransferStatus& status) {
-  gpuError_t e = gpuEventQuery(event_);
-  if (e == gpuErrorNotReady) return;
-  if (e != gpuSuccess) (void)gpuGetLastError();
-  Complete(&status, e);
-}
-
-gpuError_t GpuCompletion::Finish(TransferStatus* status) {
-  gpuError_t e = gpuEventSynchronize(event_);
-  if (e != gpuSuccess) (void)gpuGetLastError();
-  Complete(status, e);
-  return e;
+bool GpuCompletion::Succeeded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ && result_ == gpuSuccess;
 }
 
 CompletionWaiter::CompletionWaiter(NotificationSender* notifier)
@@ -43,29 +103,63 @@ CompletionWaiter::~CompletionWaiter() {
 }
 
 void CompletionWaiter::Watch(std::shared_ptr<GpuCompletion> c, std::weak_ptr<TransferStatus> status,
-                             const EngineDesc* notifyTarget, TransferUniqueId uid) {
-  Item item{std::move(c), std::move(status), notifyTarget != nullptr, notifyTarget ? *notifyTarget : EngineDesc{},
-            uid};
+                             std::shared_ptr<const EngineDesc> notifyTarget, TransferUniqueId uid) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(item));
+    incoming_.push_back({std::move(c), std::move(status), std::move(notifyTarget), uid});
+    wake = parked_;
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 void CompletionWaiter::Loop() {
+  // Short sleeps must stay short: the default 50 us timer slack would
+  // stretch every poll tick.
+  (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  using Clock = std::chrono::steady_clock;
+  std::vector<Item> pending;
+  auto lastWork = Clock::now();
+  Clock::time_point drainDeadline = Clock::time_point::max();
   while (true) {
-    Item item;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ with nothing left
-      item = std::move(queue_.front());
-      queue_.pop_front();
+      if (pending.empty() && incoming_.empty()) {
+        if (stop_) return;
+        if (Clock::now() - lastWork >= kLinger) {
+          parked_ = true;
+          cv_.wait(lock, [&] { return stop_ || !incoming_.empty(); });
+          parked_ = false;
+        } else {
+          cv_.wait_for(lock, kLingerTick, [&] { return stop_; });
+        }
+      }
+      for (auto& it : incoming_) pending.push_back(std::move(it));
+      incoming_.clear();
+      if (stop_ && drainDeadline == Clock::time_point::max()) drainDeadline = Clock::now() + kDrainTimeout;
     }
-    auto status = item.status.lock();
-    gpuError_t e = item.completion->Finish(status.get());
-    if (item.notify && e == gpuSuccess) notifier_->Notify(item.target, item.uid);
+    if (pending.empty()) continue;
+    lastWork = Clock::now();
+    size_t kept = 0;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Item& item = pending[i];
+      auto status = item.status.lock();
+      if (item.completion->Poll(status.get())) {
+        if (item.notifyTarget && item.completion->Succeeded()) notifier_->Notify(*item.notifyTarget, item.uid);
+      } else {
+        if (kept != i) pending[kept] = std::move(item);
+        ++kept;
+      }
+    }
+    pending.resize(kept);
+    if (pending.empty()) continue;
+    if (Clock::now() >= drainDeadline) {
+      MORI_ERROR("XGMI: " << pending.size() << " GPU copies did not finish within 30 s of shutdown; abandoning them");
+      // Their slots and pinned regions are intentionally leaked: the GPU may still write them.
+      (void)new std::vector<Item>(std::move(pending));
+      return;
+    }
+    std::this_thread::sleep_for(kPollTick);
   }
 }
 

@@ -1,18 +1,21 @@
-// Completion of GPU copies without a spinning thread.
+// Completion of GPU copies without a thread wake-up per transfer.
 //
-// A transfer's status polls its event when asked (progress hook). In
-// addition one background thread blocks (sleeping: blocking-sync events) on
-// the events in submission order, so that statuses also complete when nobody
-// polls them, pinned regions are released promptly, and target-side
-// notifications are sent once the data has landed.
+// A copy finishes in one of two observable ways: the scatter-copy kernel
+// writes its signal slot (host memory), or a copy-engine copy's event
+// completes. Whoever asks first sees it: the caller's Wait/WaitFor (the
+// status's progress hook polls, no driver call for kernels), or one background
+// thread that polls every transfer in flight with short sleeps, so statuses
+// also complete when nobody asks, pinned regions are released, and target
+// notifications are sent. Submitting never wakes that thread while it is
+// polling; it is woken only when it had parked after a quiet spell.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
-#include <deque>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/gpu_runtime.hpp"
 #include "io/common.hpp"
@@ -22,48 +25,61 @@
 
 namespace mori::io::p2p {
 
-// One in-flight copy: its event, and the local region kept registered until done.
+// One in-flight copy and the local region kept registered until it is done.
 class GpuCompletion {
  public:
-  GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, RegionPin pin)
-      : pool_(std::move(pool)), device_(device), event_(event), pin_(std::move(pin)) {}
-  ~GpuCompletion() { pool_->ReleaseEvent(device_, event_); }
-  // Non-blocking: updates `status` if the copy finished (or failed).
-  void Poll(TransferStatus& status);
-  // Blocking: waits for the copy, then updates `status` (may be null); returns the copy's result.
-  gpuError_t Finish(TransferStatus* status);
+  // Done when the kernel on `stream` writes `slot`.
+  GpuCompletion(std::shared_ptr<StreamPool> pool, StreamPool::Device* device, gpuStream_t stream,
+                SignalSlots::Slot slot, RegionPin pin);
+  // Done when `event` (recorded after copy-engine copies) completes.
+  GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, RegionPin pin);
+  ~GpuCompletion();
+  GpuCompletion(const GpuCompletion&) = delete;
+  GpuCompletion& operator=(const GpuCompletion&) = delete;
+
+  // Non-blocking. Once the copy finished (or failed) updates `status` (may be
+  // null) and returns true; later calls return true without doing anything.
+  bool Poll(TransferStatus* status);
+  bool Succeeded();
 
  private:
+  gpuError_t Check();  // gpuSuccess: done, gpuErrorNotReady: pending, else the failure
   void Complete(TransferStatus* status, gpuError_t e);
   std::shared_ptr<StreamPool> pool_;
-  int device_;
-  gpuEvent_t event_;
+  StreamPool::Device* device_ = nullptr;
+  int deviceId_ = -1;
+  gpuStream_t stream_ = nullptr;
+  SignalSlots::Slot slot_;
+  gpuEvent_t event_ = nullptr;
+  int64_t nextStreamCheckNs_ = 0;
   std::mutex mu_;
   bool done_ = false;
+  gpuError_t result_ = gpuSuccess;
   RegionPin pin_;
 };
 
 class CompletionWaiter {
  public:
   explicit CompletionWaiter(NotificationSender* notifier);
+  // Waits (bounded) for what is still in flight and sends its notifications.
   ~CompletionWaiter();
   // notifyTarget == nullptr: no notification.
-  void Watch(std::shared_ptr<GpuCompletion> c, std::weak_ptr<TransferStatus> status, const EngineDesc* notifyTarget,
-             TransferUniqueId uid);
+  void Watch(std::shared_ptr<GpuCompletion> c, std::weak_ptr<TransferStatus> status,
+             std::shared_ptr<const EngineDesc> notifyTarget, TransferUniqueId uid);
 
  private:
   struct Item {
     std::shared_ptr<GpuCompletion> completion;
     std::weak_ptr<TransferStatus> status;
-    bool notify;
-    EngineDesc target;
+    std::shared_ptr<const EngineDesc> notifyTarget;
     TransferUniqueId uid;
   };
   void Loop();
   NotificationSender* notifier_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> queue_;
+  std::vector<Item> incoming_;
+  bool parked_ = false;  // the thread sleeps until Watch() or stop
   bool stop_ = false;
   std::thread thread_;
 };

@@ -2,6 +2,7 @@
 if(MORI_GPU_LANG)
   list(APPEND MORI_IO_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/ipc_cache.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/signal_slots.cpp
     ${CMAKE_CURRENT_LIST_DIR}/stream_pool.cpp
     ${CMAKE_CURRENT_LIST_DIR}/completion_waiter.cpp
     ${CMAKE_CURRENT_LIST_DIR}/xgmi_backend.cpp)

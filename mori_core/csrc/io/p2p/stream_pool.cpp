@@ -8,48 +8,48 @@ StreamPool::StreamPool(int streamsPerDevice, int eventsPerDevice)
 StreamPool::~StreamPool() {
   for (auto& [dev, d] : devices_) {
     DeviceGuard g(dev);
-    for (auto s : d.streams) (void)gpuStreamDestroy(s);
-    for (auto e : d.freeEvents) (void)gpuEventDestroy(e);
+    for (auto s : d->streams) (void)gpuStreamDestroy(s);
+  }
+  for (auto& [dev, events] : freeEvents_) {
+    DeviceGuard g(dev);
+    for (auto e : events) (void)gpuEventDestroy(e);
   }
 }
 
-StreamPool::PerDevice& StreamPool::Device(int device) {
-  auto& d = devices_[device];
-  if (d.streams.empty()) {
-    d.streams.resize(static_cast<size_t>(streamsPerDevice_));
-    for (auto& s : d.streams) MORI_GPU_CHECK(gpuStreamCreateWithFlags(&s, gpuStreamNonBlocking));
+StreamPool::Device& StreamPool::ForDevice(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = devices_[device];
+  if (!slot) {
+    auto d = std::make_unique<Device>(device);
+    d->streams.resize(static_cast<size_t>(streamsPerDevice_));
+    for (auto& s : d->streams) MORI_GPU_CHECK(gpuStreamCreateWithFlags(&s, gpuStreamNonBlocking));
+    auto& events = freeEvents_[device];
     for (int i = 0; i < eventsPerDevice_; ++i) {
       gpuEvent_t e;
-      // Blocking-sync events: a thread waiting in EventSynchronize sleeps instead of spinning.
-      MORI_GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming | gpuEventBlockingSync));
-      d.freeEvents.push_back(e);
+      MORI_GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming));
+      events.push_back(e);
     }
+    slot = std::move(d);
   }
-  return d;
-}
-
-gpuStream_t StreamPool::NextStream(int device) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& d = Device(device);
-  return d.streams[d.next++ % d.streams.size()];
+  return *slot;
 }
 
 gpuEvent_t StreamPool::AcquireEvent(int device) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& d = Device(device);
-  if (!d.freeEvents.empty()) {
-    gpuEvent_t e = d.freeEvents.back();
-    d.freeEvents.pop_back();
+  auto& events = freeEvents_[device];
+  if (!events.empty()) {
+    gpuEvent_t e = events.back();
+    events.pop_back();
     return e;
   }
   gpuEvent_t e;  // pool exhausted (many transfers in flight): grow it
-  MORI_GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming | gpuEventBlockingSync));
+  MORI_GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming));
   return e;
 }
 
 void StreamPool::ReleaseEvent(int device, gpuEvent_t e) {
   std::lock_guard<std::mutex> lock(mu_);
-  devices_[device].freeEvents.push_back(e);
+  freeEvents_[device].push_back(e);
 }
 
 }  // namespace mori::io::p2p

@@ -1,37 +1,47 @@
-// Per-device pools of streams (round robin) and completion events (reused).
+// Per-device GPU resources of the XGMI backend: streams (round robin),
+// completion events for copy-engine copies (reused) and completion signal
+// slots for the scatter-copy kernel.
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "common/gpu_runtime.hpp"
+#include "io/p2p/signal_slots.hpp"
 
 namespace mori::io::p2p {
 
 class StreamPool {
  public:
+  // One device's resources; its address is stable, so sessions keep a pointer
+  // and pick streams without a lock or a lookup.
+  struct Device {
+    explicit Device(int d) : signals(d) {}
+    std::vector<gpuStream_t> streams;
+    std::atomic<size_t> next{0};
+    SignalSlots signals;
+    gpuStream_t NextStream() { return streams[next.fetch_add(1, std::memory_order_relaxed) % streams.size()]; }
+  };
+
   StreamPool(int streamsPerDevice, int eventsPerDevice);
   ~StreamPool();
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
 
-  // Caller has `device` current.
-  gpuStream_t NextStream(int device);
+  // Creates the device's streams on first use (caller has `device` current).
+  Device& ForDevice(int device);
   gpuEvent_t AcquireEvent(int device);
   void ReleaseEvent(int device, gpuEvent_t e);
 
  private:
-  struct PerDevice {
-    std::vector<gpuStream_t> streams;
-    size_t next = 0;
-    std::vector<gpuEvent_t> freeEvents;
-  };
-  PerDevice& Device(int device);
   const int streamsPerDevice_;
   const int eventsPerDevice_;
   std::mutex mu_;
-  std::unordered_map<int, PerDevice> devices_;
+  std::unordered_map<int, std::unique_ptr<Device>> devices_;
+  std::unordered_map<int, std::vector<gpuEvent_t>> freeEvents_;
 };
 
 }  // namespace mori::io::p2p

@@ -4,7 +4,7 @@
 #include "common/error.hpp"
 #include "common/logging.hpp"
 #include "io/p2p/ipc_cache.hpp"
-#include "io/p2p/scatter_copy.hpp"
+#include "io/submit_profile.hpp"
 
 namespace mori::io::p2p {
 namespace {
@@ -36,6 +36,16 @@ XgmiTuning XgmiTuning::FromEnv() {
   XgmiTuning t;
   t.kernelMinSegments = static_cast<int>(env::GetInt("MORI_IO_XGMI_KERNEL_MIN_SEGMENTS", t.kernelMinSegments));
   t.kernelMaxAvgBytes = env::GetSize("MORI_IO_XGMI_KERNEL_MAX_AVG_BYTES", t.kernelMaxAvgBytes);
+  const uint64_t piece = env::GetSize("MORI_IO_XGMI_PIECE_BYTES", t.shape.pieceBytes);
+  if (piece < 4096 || piece > (1u << 20) || (piece & (piece - 1)) != 0)
+    throw InvalidArgument("MORI_IO_XGMI_PIECE_BYTES=" + std::to_string(piece) +
+                          " must be a power of two in [4096, 1048576]");
+  t.shape.pieceBytes = static_cast<uint32_t>(piece);
+  const int64_t threads = env::GetInt("MORI_IO_XGMI_BLOCK_THREADS", t.shape.threads);
+  if (threads < 64 || threads > 1024 || threads % 32 != 0)
+    throw InvalidArgument("MORI_IO_XGMI_BLOCK_THREADS=" + std::to_string(threads) +
+                          " must be a multiple of 32 in [64, 1024]");
+  t.shape.threads = static_cast<uint32_t>(threads);
   return t;
 }
 
@@ -129,12 +139,14 @@ bool XgmiBackend::CanHandle(const MemoryDesc& local, const MemoryDesc& remote) c
 
 bool XgmiBackend::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* r, StatusCode* code,
                           std::string* err) {
-  if (!ctx_.remotes.Get(remote.engineKey, &r->target)) {
+  EngineDesc target;
+  if (!ctx_.remotes.Get(remote.engineKey, &target)) {
     *code = StatusCode::ERR_NOT_FOUND;
     *err = "remote engine '" + remote.engineKey + "' is not registered";
     return false;
   }
-  const bool sameProcess = r->target.pid == ctx_.desc.pid && r->target.nodeId == ctx_.desc.nodeId;
+  const bool sameProcess = target.pid == ctx_.desc.pid && target.nodeId == ctx_.desc.nodeId;
+  r->target = std::make_shared<const EngineDesc>(std::move(target));
   r->localPtr = reinterpret_cast<uint8_t*>(local.data);
   r->kernelOk = local.loc == MemoryLocationType::GPU && remote.loc == MemoryLocationType::GPU;
   if (remote.loc != MemoryLocationType::GPU) {
@@ -167,35 +179,53 @@ bool XgmiBackend::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Rou
   return true;
 }
 
+bool XgmiBackend::UseKernel(const Route& r, const SegmentList& segs) const {
+  return r.kernelOk && static_cast<int>(segs.size()) >= tuning_.kernelMinSegments &&
+         TotalBytes(segs) / segs.size() <= tuning_.kernelMaxAvgBytes;
+}
+
 void XgmiBackend::Launch(const Route& r, const SegmentList& segs, bool isRead, TransferUniqueId uid,
                          const StatusPtr& status, RegionPin pin) {
   try {
     DeviceGuard g(r.device);
-    gpuStream_t stream = pool_->NextStream(r.device);
+    StreamPool::Device& dev = Resources(r);
+    gpuStream_t stream = dev.NextStream();
     uint8_t* srcBase = isRead ? r.remotePtr : r.localPtr;
     uint8_t* dstBase = isRead ? r.localPtr : r.remotePtr;
-    const uint64_t total = TotalBytes(segs);
-    const bool useKernel = r.kernelOk && static_cast<int>(segs.size()) >= tuning_.kernelMinSegments &&
-                           total / segs.size() <= tuning_.kernelMaxAvgBytes;
-    if (useKernel) {
+    std::shared_ptr<GpuCompletion> c;
+    if (UseKernel(r, segs)) {
       static thread_local std::vector<CopySeg> copies;
       copies.clear();
       for (const auto& s : segs) {
         uint64_t so = isRead ? s.remoteOffset : s.localOffset, d = isRead ? s.localOffset : s.remoteOffset;
         copies.push_back({reinterpret_cast<uint64_t>(srcBase + so), reinterpret_cast<uint64_t>(dstBase + d), s.size});
       }
-      LaunchScatterCopy(copies.data(), copies.size(), stream);
+      SignalSlots::Slot slot = dev.signals.Acquire();
+      try {
+        profile::Mark(profile::kLaunchBegin);
+        LaunchScatterCopy(copies.data(), copies.size(), tuning_.shape, KernelSignal{slot.counter, slot.device, slot.value},
+                          stream);
+        profile::Mark(profile::kLaunchEnd);
+      } catch (...) {
+        dev.signals.Release(slot);  // nothing was enqueued with it
+        throw;
+      }
+      c = std::make_shared<GpuCompletion>(pool_, &dev, stream, slot, std::move(pin));
     } else {
+      profile::Mark(profile::kLaunchBegin);
       for (const auto& s : segs) {
         uint64_t so = isRead ? s.remoteOffset : s.localOffset, d = isRead ? s.localOffset : s.remoteOffset;
         MORI_GPU_CHECK(gpuMemcpyAsync(dstBase + d, srcBase + so, s.size, gpuMemcpyDefault, stream));
       }
+      gpuEvent_t ev = pool_->AcquireEvent(r.device);
+      gpuError_t e = gpuEventRecord(ev, stream);
+      if (e != gpuSuccess) pool_->ReleaseEvent(r.device, ev);
+      MORI_GPU_CHECK(e);
+      profile::Mark(profile::kLaunchEnd);
+      c = std::make_shared<GpuCompletion>(pool_, r.device, ev, std::move(pin));
     }
-    gpuEvent_t ev = pool_->AcquireEvent(r.device);
-    MORI_GPU_CHECK(gpuEventRecord(ev, stream));
-    auto c = std::make_shared<GpuCompletion>(pool_, r.device, ev, std::move(pin));
-    status->SetProgressHook([c](TransferStatus& s) { c->Poll(s); });
-    waiter_->Watch(c, status, config_.enableNotification ? &r.target : nullptr, uid);
+    status->SetProgressHook([c](TransferStatus& s) { c->Poll(&s); });
+    waiter_->Watch(std::move(c), status, config_.enableNotification ? r.target : nullptr, uid);
   } catch (const std::exception& e) {
     status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI copy could not be started: ") + e.what());
   }
@@ -220,6 +250,10 @@ std::unique_ptr<BackendSession> XgmiBackend::CreateSession(const MemoryDesc& loc
   if (!region || !Resolve(local, remote, &r, &code, &err)) {
     if (!err.empty()) MORI_WARN("XGMI session not created: " << err);
     return nullptr;
+  }
+  {
+    DeviceGuard g(r.device);
+    r.resources = &pool_->ForDevice(r.device);  // streams and signal slots: no lookup per transfer
   }
   return std::make_unique<XgmiSession>(*this, std::move(r), std::move(region));
 }

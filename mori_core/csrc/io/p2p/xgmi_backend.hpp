@@ -17,14 +17,20 @@
 #include "io/engine_context.hpp"
 #include "io/notify_channel.hpp"
 #include "io/p2p/completion_waiter.hpp"
+#include "io/p2p/scatter_copy.hpp"
 #include "io/p2p/stream_pool.hpp"
 
 namespace mori::io::p2p {
 
+// Which engine copies a GPU<->GPU transfer, and the scatter kernel's shape.
+// Environment overrides (read when the backend is created):
+// MORI_IO_XGMI_KERNEL_MIN_SEGMENTS, MORI_IO_XGMI_KERNEL_MAX_AVG_BYTES,
+// MORI_IO_XGMI_PIECE_BYTES, MORI_IO_XGMI_BLOCK_THREADS.
 struct XgmiTuning {
-  int kernelMinSegments = 4;            // fewer segments: copy engines
-  uint64_t kernelMaxAvgBytes = 4 << 20; // larger average segment: copy engines
-  static XgmiTuning FromEnv();
+  int kernelMinSegments = 1;             // fewer segments: copy engines
+  uint64_t kernelMaxAvgBytes = 4 << 20;  // larger average segment: copy engines
+  ScatterShape shape;
+  static XgmiTuning FromEnv();  // throws InvalidArgument naming the variable and its limit
 };
 
 class XgmiBackend : public Backend {
@@ -45,11 +51,18 @@ class XgmiBackend : public Backend {
     uint8_t* remotePtr = nullptr;
     int device = -1;         // device whose stream does the copy
     bool kernelOk = false;   // both ends are device memory
-    EngineDesc target;
+    std::shared_ptr<const EngineDesc> target;
+    StreamPool::Device* resources = nullptr;  // cached by sessions; looked up per call otherwise
   };
   bool Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, StatusCode* code, std::string* err);
+  // Caller has route.device current.
+  StreamPool::Device& Resources(const Route& route) {
+    return route.resources ? *route.resources : pool_->ForDevice(route.device);
+  }
   void Launch(const Route& route, const SegmentList& segs, bool isRead, TransferUniqueId uid, const StatusPtr& status,
               RegionPin pin);
+  // The scatter kernel (true) or copy engines (false) for this transfer.
+  bool UseKernel(const Route& route, const SegmentList& segs) const;
 
  private:
   int LocalOrdinal(const std::string& busId) const;

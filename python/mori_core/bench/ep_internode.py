@@ -1,0 +1,197 @@
+"""Benchmark of the inter-node kernel types (``python -m mori_core.bench ep --kernel-type ...``).
+
+One process per GPU, ranks grouped into nodes of ``--gpu-per-node``. Each kernel type is
+timed per op: as CUDA-graph replays of ``--ops-per-graph`` back-to-back launches, and eagerly
+with a CUDA event pair around back-to-back calls (medians). The host time per eager call is
+measured too. Bytes follow MORI's convention: received tokens (own included) x hidden x
+element size. The network share is split out as MORI does: network GB/s = total GB/s x
+(network rows / rows received), where network rows are the rows that physically cross the
+network (one per token and other node it hits: node-deduplicated). NCCL ``all_to_all_single`` of the same rows
+is timed in the same run as a baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import traceback
+from typing import Any
+
+from mori_core.bench.ep import DTYPES, _merge, _nccl_baseline, _routing, _time_graph
+
+
+def _host_us(fn: Any, iters: int) -> float:
+    """Median host time of one call (launch cost; the GPU runs behind)."""
+    import torch
+
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _network_rows(idx: Any, cfg: Any, gpn: int) -> int:
+    """Rows this rank sends over the network: one per (token, other node it hits). With the
+    symmetric uniform routing of the benchmark the mean over ranks equals the rows received."""
+    import torch
+
+    dest = idx.to(torch.int64) // cfg.num_experts_per_rank
+    nodes = cfg.world_size // gpn
+    hit = torch.zeros(idx.shape[0], nodes + 1, dtype=torch.bool, device=idx.device)
+    hit.scatter_(1, torch.where((idx >= 0) & (idx < cfg.num_experts), dest // gpn, nodes), True)
+    hit[:, cfg.rank // gpn] = False
+    return int(hit[:, :nodes].sum())
+
+
+def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        dist.init_process_group(
+            "cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev
+        )
+        torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+        import mori_core.shmem as shmem
+        from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType, EpDispatchCombineOp
+
+        shmem.shmem_torch_process_group_init("default")
+        tokens = [int(t) for t in args.tokens.split(",")]
+        dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+        kinds = [k.strip() for k in args.kernel_type.split(",") if k.strip()]
+        gpn = args.gpu_per_node or world
+        max_type = max(torch.empty(0, dtype=getattr(torch, DTYPES[d])).element_size() for d in dtypes + ["bf16"])
+
+        def sync() -> None:
+            torch.cuda.synchronize()
+            dist.barrier()
+
+        rows: list[dict] = []
+        eager = argparse.Namespace(**{**vars(args), "no_graph": True})
+        for kind in kinds:
+            cfg = EpDispatchCombineConfig(
+                data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=args.hidden,
+                scale_dim=args.scale_dim if "fp8" in dtypes else 0, scale_type_size=4, max_token_type_size=max_type,
+                max_num_inp_token_per_rank=max(tokens), num_experts_per_rank=args.experts // world,
+                num_experts_per_token=args.topk, kernel_type=EpDispatchCombineKernelType[kind],
+                gpu_per_node=gpn if kind != "IntraNode" else 8, use_external_inp_buf=False,
+                rdma_block_num=max(args.rdma_block_num, 0),
+            )
+            op = EpDispatchCombineOp(cfg)
+            gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
+            for n in tokens:
+                idx = _routing(n, args.experts, args.topk, gen, dev)
+                x_bf16 = torch.randn(n, args.hidden, generator=gen).to(torch.bfloat16).to(dev)
+                w = torch.rand(n, args.topk, generator=gen).to(dev)
+                for dname in dtypes:
+                    dt = getattr(torch, DTYPES[dname])
+                    x = x_bf16.to(dt) if dname != "fp8" else x_bf16.clamp(-6, 6).to(dt)
+                    scales = torch.rand(n, cfg.scale_dim, device=dev) if dname == "fp8" and cfg.scale_dim else None
+                    op.dispatch(x, w, scales, idx)
+                    recv = int(op.get_dispatch_src_token_pos().numel())
+                    net_rows = _network_rows(idx, cfg, gpn if kind != "IntraNode" else world)
+                    fn = lambda: op.dispatch(x, w, scales, idx, block_num=args.dispatch_block_num,
+                                             warp_per_block=args.dispatch_warp_per_block)
+                    for timing, a in (("graph", args), ("eager", eager)):
+                        us = _time_graph(fn, a, sync)
+                        rows.append(dict(kernel=f"{kind} dispatch", dtype=dname, tokens=n, recv=recv,
+                                         net_rows=net_rows, us=us, timing=timing,
+                                         bytes=recv * args.hidden * x.element_size()))
+                    rows[-1]["host_us"] = _host_us(fn, args.iters)
+                # combine (bf16, zero-copy), after a bf16 dispatch so the routing matches
+                out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
+                torch.cuda.synchronize()
+                recv = int(total[0])
+                op.get_registered_combine_input_buffer(torch.bfloat16)[:recv].copy_(out[:recv])
+                reg = op.get_registered_combine_input_buffer(torch.bfloat16)
+                fn = lambda: op.combine(reg, out_w, idx, block_num=args.combine_block_num,
+                                        warp_per_block=args.combine_warp_per_block, use_external_inp_buf=0)
+                for timing, a in (("graph", args), ("eager", eager)):
+                    us = _time_graph(fn, a, sync)
+                    rows.append(dict(kernel=f"{kind} combine", dtype="bf16", tokens=n, recv=recv, net_rows=net_rows,
+                                     us=us, timing=timing, bytes=recv * args.hidden * 2))
+                rows[-1]["host_us"] = _host_us(fn, args.iters)
+                op.check_error()
+                if not args.no_nccl and kind == kinds[-1]:
+                    for r in _nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev):
+                        rows.append({**r, "net_rows": 0, "timing": "eager"})
+            sync()
+            op.close()
+        shmem.shmem_finalize()
+        results.put((rank, rows, None))
+    except BaseException:
+        results.put((rank, [], traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_internode(args: argparse.Namespace) -> int:
+    """Spawn the ranks, gather per-rank rows and print one table (MORI's byte convention)."""
+    import json
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    from mori_core.bench.table import print_table
+
+    world = args.world_size or torch.cuda.device_count()
+    if world < 1:
+        print("ep benchmark: no GPU visible")
+        return 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    per_rank: dict[int, list[dict]] = {}
+    errors = []
+    for _ in range(world):
+        rank, rows, err = q.get(timeout=3600)
+        per_rank[rank] = rows
+        if err:
+            errors.append(f"rank {rank}:\n{err}")
+    for p in procs:
+        p.join(timeout=60)
+    if errors:
+        print("\n".join(errors))
+        return 1
+    for r in per_rank.values():
+        for row in r:
+            row.setdefault("blocks", 0)
+            row.setdefault("warps", 0)
+            row.setdefault("mode", row.get("timing", "-"))
+    merged = _merge(per_rank)
+    gpn = args.gpu_per_node or world
+    title = (f"EP{world} ({world // gpn} node(s) x {gpn} GPU) on {torch.cuda.get_device_name(0)}: hidden "
+             f"{args.hidden}, top-{args.topk} of {args.experts}, uniform routing; network transport: "
+             f"{os.environ.get('NVSHMEM_REMOTE_TRANSPORT', 'NVSHMEM default')}"
+             f"{' (P2P off)' if os.environ.get('NVSHMEM_DISABLE_P2P') == '1' else ''}")
+    headers = ["kernel", "timing", "dtype", "tokens", "recv/rank", "net rows", "latency us", "host us/call",
+               "total GB/s", "NVLink GB/s", "network GB/s"]
+    table = []
+    for m in merged:
+        frac = m["net_rows"] / m["recv"] if m.get("recv") else 0.0
+        table.append([m["kernel"], m.get("timing", "-"), m["dtype"], m["tokens"], round(m["recv"]),
+                      round(m.get("net_rows", 0)), m["us"], m.get("host_us", "-"), m["gbps"],
+                      m["gbps"] * (1 - frac), m["gbps"] * frac])
+    print_table(title, headers, table,
+                note="GB/s = received rows (incl. own) x hidden x element size / time, mean over ranks; "
+                     "network GB/s = total x network rows / rows received (MORI's RDMA BW; network rows are "
+                     "node-deduplicated, i.e. what crosses the NIC)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"world": world, "gpu_per_node": gpn, "args": vars(args), "rows": merged}, f, indent=1)
+    return 0

@@ -1,0 +1,260 @@
+"""GPU tests of the inter-node kernel types (2 GPUs; skipped without them or without NVSHMEM).
+
+``gpu_per_node=1`` makes every GPU its own "node": every row crosses NVSHMEM. Run them with
+NVSHMEM forced off P2P onto its network transport (tools/gpu/ep_internode.sh sets
+``NVSHMEM_DISABLE_P2P=1 NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,...``); the mode is printed.
+``gpu_per_node=2`` is one node of 2 GPUs: the NVLink (intra-node) part alone.
+
+Oracles as in test_gpu_ep.py: dispatch rows bit-exact against the sources through
+``get_dispatch_src_token_pos``; combine bit-exact against ReferenceEpDispatchCombineOp (same
+kernel type and gpu_per_node) over the same NCCL group.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import pytest
+import torch
+
+from ep_dist_utils import run_ranks
+from test_gpu_ep import NUM_EXPERTS, TOPK, _all_inputs, _check_dispatch, _expert, _init_shmem
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+
+TYPES = ("InterNode", "InterNodeV1", "InterNodeV1LL", "AsyncLL")
+MODE = os.environ.get("MORI_TEST_NET_MODE", "default NVSHMEM transports")
+
+
+def _need() -> None:
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        pytest.skip(f"needs 2 GPUs, {n} visible")
+    import mori_core
+
+    if not mori_core.build_info().get("internode"):
+        pytest.skip("mori_core was built without NVSHMEM (no mori_core._internode)")
+
+
+def _config(rank, world, kernel_type, gpn, hidden, max_tok, scale_dim=0, push=True, max_type=4, **kw):
+    from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
+
+    return EpDispatchCombineConfig(
+        data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=hidden, scale_dim=scale_dim,
+        scale_type_size=4, max_token_type_size=max_type, max_num_inp_token_per_rank=max_tok,
+        num_experts_per_rank=NUM_EXPERTS // world, num_experts_per_token=TOPK, use_external_inp_buf=push,
+        kernel_type=EpDispatchCombineKernelType[kernel_type], gpu_per_node=gpn, block_num=24,
+        warp_num_per_block=8, **kw,
+    )
+
+
+def _split(op, kernel_type: str) -> bool:
+    return kernel_type == "AsyncLL"
+
+
+def _dispatch(op, kernel_type, x, w, s, idx, launch=(-1, -1, -1)):
+    bn, rbn, wpb = launch
+    if _split(op, kernel_type):
+        res = op.dispatch_send(x, w, s, idx, block_num=bn, warp_per_block=wpb)
+        op.dispatch_recv()
+        return res
+    return op.dispatch(x, w, s, idx, block_num=bn, rdma_block_num=rbn, warp_per_block=wpb)
+
+
+def _combine(op, kernel_type, y, w, idx, push):
+    if _split(op, kernel_type):
+        # combine_send uses the config's mode (MORI's signature has no override)
+        res = op.combine_send(y, w, idx)
+        op.combine_recv()
+        return res
+    return op.combine(y, w, idx, use_external_inp_buf=int(push))
+
+
+def _round(op, ref, cfg, kernel_type, data, push, comb_dtype, launch):
+    rank = cfg.rank
+    mine = data[rank]
+    res = _dispatch(op, kernel_type, mine["x"], mine["w"], mine["s"], mine["idx"], launch)
+    n = _check_dispatch(op, cfg, data, res)
+    out, out_w = res[0], res[1]
+    ref_res = ref.dispatch(mine["x"], mine["w"], mine["s"], mine["idx"])
+    assert int(ref_res[4][0]) == n, f"received {n} rows, the reference {int(ref_res[4][0])}"
+    y = _expert(out, n, rank, comb_dtype)
+    if push:
+        comb_in = torch.zeros(n + 2, out.shape[1], dtype=comb_dtype, device=out.device)
+        comb_in[:n] = y
+    else:
+        comb_in = op.get_registered_combine_input_buffer(comb_dtype, out.shape[1])
+        comb_in[:n] = y
+    comb, comb_w = _combine(op, kernel_type, comb_in, out_w[:n].clone(), mine["idx"], push)
+    ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), out.shape[1], dtype=comb_dtype, device=out.device)
+    ref_in[:n] = _expert(ref_res[0], n, rank, comb_dtype)
+    ref_comb, ref_comb_w = ref.combine(ref_in, ref_res[1], mine["idx"], use_external_inp_buf=1)
+    ntok = mine["x"].shape[0]
+    torch.cuda.synchronize()
+    op.check_error()
+    if not torch.equal(comb[:ntok], ref_comb[:ntok]):
+        d = (comb[:ntok].float() - ref_comb[:ntok].float()).abs()
+        bad = torch.nonzero(d.amax(dim=1)).flatten().tolist()
+        raise AssertionError(
+            f"combine differs from the reference in {len(bad)} of {ntok} tokens (first {bad[:8]}), "
+            f"max |diff| {d.max().item()}"
+        )
+    assert torch.equal(comb_w[:ntok], ref_comb_w[:ntok]), "combine weights differ from the reference"
+
+
+def _one_type(rank, world, kernel_type, gpn, dev):
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
+
+    fp8 = torch.float8_e4m3fn
+    cases = [  # hidden, dtype, scale_dim, comb_dtype, push
+        (7168, torch.bfloat16, 0, torch.bfloat16, True),
+        (7168, fp8, 56, torch.bfloat16, False),
+        (2048, torch.float32, 0, torch.float32, True),
+    ]
+    max_tok = 96
+    for ci, (hidden, dtype, scale_dim, comb_dtype, push) in enumerate(cases):
+        cfg = _config(rank, world, kernel_type, gpn, hidden, max_tok, scale_dim=scale_dim, push=push)
+        op = EpDispatchCombineOp(cfg)
+        assert type(op).__name__ == "InterNodeEpDispatchCombineOp"
+        ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
+        for rnd in range(3):
+            g = torch.Generator().manual_seed(100 * ci + rnd + 7)
+            counts = torch.randint(0, max_tok + 1, (world,), generator=g).tolist()
+            counts[(ci + rnd) % world] = 0  # a rank with no tokens every round
+            counts[(ci + rnd + 1) % world] = max_tok
+            data = _all_inputs(100 * ci + rnd, world, counts, hidden, dtype, scale_dim, dev)
+            launch = [(-1, -1, -1), (5, 2, 3), (64, 32, 16)][rnd]
+            _round(op, ref, cfg, kernel_type, data, push, comb_dtype, launch)
+        op.close()
+        dist.barrier()
+
+    if kernel_type in ("InterNodeV1LL", "AsyncLL"):
+        _graph(rank, world, kernel_type, gpn, dev)
+
+
+def _graph(rank, world, kernel_type, gpn, dev):
+    """Capture dispatch + combine (split calls for AsyncLL) in a CUDA graph; replay with fresh
+    data in the captured tensors and check every replay."""
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
+
+    hidden, ntoks = 7168, [40 + 8 * r for r in range(world)]
+    cfg = _config(rank, world, kernel_type, gpn, hidden, 64, push=True, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
+    static = _all_inputs(77, world, ntoks, hidden, torch.bfloat16, 0, dev)[rank]
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            out, out_w, _, out_idx, total = _dispatch(op, kernel_type, static["x"], static["w"], None, static["idx"])
+            y = (out.to(torch.float32) * (rank + 1)).to(torch.bfloat16)
+            comb_g, comb_w_g = _combine(op, kernel_type, y, out_w, static["idx"], True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    for rep in range(3):
+        data = _all_inputs(500 + rep, world, ntoks, hidden, torch.bfloat16, 0, dev)
+        for k in ("x", "w", "idx"):
+            static[k].copy_(data[rank][k])
+        torch.cuda.synchronize()
+        dist.barrier()
+        graph.replay()
+        torch.cuda.synchronize()
+        op.check_error()
+        _check_dispatch(op, cfg, data, (out, out_w, None, out_idx, total))
+        ref_res = ref.dispatch(static["x"], static["w"], None, static["idx"])
+        n = int(ref_res[4][0])
+        ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), hidden, dtype=torch.bfloat16, device=dev)
+        ref_in[:n] = _expert(ref_res[0], n, rank)
+        ref_comb, ref_comb_w = ref.combine(ref_in, ref_res[1], static["idx"], use_external_inp_buf=1)
+        m = ntoks[rank]
+        assert torch.equal(comb_g[:m], ref_comb[:m]), f"graph replay {rep}: combine differs"
+        assert torch.equal(comb_w_g[:m], ref_comb_w[:m]), f"graph replay {rep}: combine weights differ"
+    del graph
+    op.close()
+    dist.barrier()
+
+
+def _suite(rank: int, world: int, gpn: int, types: tuple) -> None:
+    """Every kernel type in turn; failures are collected per type (printed as a table) so one
+    run shows all of them."""
+    import torch.distributed as dist
+
+    import mori_core.shmem as shmem
+
+    _init_shmem()
+    dev = torch.device("cuda", rank)
+    failures = {}
+    for kt in types:
+        try:
+            _one_type(rank, world, kt, gpn, dev)
+            status = "PASS"
+        except Exception:  # collect and go on: the other types still run
+            failures[kt] = traceback.format_exc()
+            status = "FAIL " + failures[kt].strip().splitlines()[-1][:300]
+        print(f"INTERNODE rank={rank} type={kt} gpu_per_node={gpn} mode={MODE}: {status}", flush=True)
+        dist.barrier()
+    shmem.shmem_finalize()
+    if failures:
+        raise AssertionError("\n".join(f"[{kt}]\n{tb}" for kt, tb in failures.items()))
+
+
+@pytest.mark.parametrize("gpn", [1, 2])
+def test_internode_kernel_types(gpn: int) -> None:
+    _need()
+    types = tuple(t for t in os.environ.get("MORI_TEST_INTERNODE_TYPES", ",".join(TYPES)).split(",") if t)
+    run_ranks(_suite, 2, backend="nccl", timeout=240, gpn=gpn, types=types,
+              env={"MORI_SHMEM_HEAP_SIZE": "4G"})
+
+
+def _bringup(rank: int, world: int) -> None:
+    """NVSHMEM through our bootstrap, then one put-with-signal each way, verified."""
+    import mori_core.shmem as shmem
+    from mori_core.ops.internode import ensure_network, load_internode
+
+    _init_shmem()
+    ensure_network(_config(rank, world, "InterNodeV1", 1, 256, 16), 1 << 20)
+    mod = load_internode()
+    assert mod.nvshmem_my_pe() == rank and mod.nvshmem_n_pes() == world
+    for nbytes in (4096, 8 << 20):
+        r = mod.nvshmem_self_test((rank + 1) % world, nbytes, 20000)
+        print(f"BRINGUP rank={rank} mode={MODE} bytes={nbytes}: {r}", flush=True)
+        assert r["ok"] == 1.0, f"put-with-signal self test failed: {r}"
+    shmem.shmem_finalize()
+
+
+def test_nvshmem_bringup() -> None:
+    _need()
+    run_ranks(_bringup, 2, backend="nccl", timeout=120)
+
+
+def _timeout(rank: int, world: int, kernel_type: str) -> None:
+    import torch.distributed as dist
+
+    import mori_core.shmem as shmem
+    from mori_core.ops import EpDispatchCombineOp, EpOpError
+
+    _init_shmem()
+    cfg = _config(rank, world, kernel_type, 1, 256, 16, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    dev = torch.device("cuda", rank)
+    x = torch.ones(16, 256, dtype=torch.bfloat16, device=dev)
+    idx = torch.zeros(16, TOPK, dtype=torch.int32, device=dev)
+    if rank == 0:
+        op.timeout_ms = 500
+        op.dispatch(x, None, None, idx)  # rank 1 never dispatches
+        with pytest.raises(EpOpError, match=r"timed out .* waiting for peer rank 1 \(node 1"):
+            op.check_error()
+        print(f"TIMEOUT rank 0 reported: {op._handle.error_message()}", flush=True)
+    dist.barrier()
+    shmem.shmem_finalize()
+
+
+def test_timeout_names_the_missing_peer() -> None:
+    _need()
+    run_ranks(_timeout, 2, backend="nccl", timeout=120, kernel_type="InterNodeV1")
