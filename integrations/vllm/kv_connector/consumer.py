@@ -79,6 +79,12 @@ class ConsumerSide:
                 continue
             recv = _Recv(job=job, started=now, deadline=now + cfg.recv_abort_timeout_s)
             with self._agent.lock:
+                if job.transfer_id in self._recvs:  # two live requests under one id cannot be told apart
+                    logger.warning("MoriSuiteConnector: transfer_id %s is already in use; request %s computes "
+                                   "its prompt itself", job.transfer_id, job.req_id)
+                    job = dataclasses.replace(job, transfer_id=f"{job.transfer_id}#dup-{job.req_id}", mode="invalid",
+                                              error="transfer_id already in use by another request")
+                    recv = _Recv(job=job, started=now, deadline=recv.deadline)
                 self._recvs[job.transfer_id] = recv
                 if job.mode == "invalid":
                     self._finish(recv, False, f"kv_transfer_params cannot drive a transfer: {job.error}")

@@ -44,8 +44,12 @@ CONFIG = {
 }
 
 
-def write_tiny_llama(path: Path, seed: int = 0, std: float = 0.15) -> Path:
-    """Write config.json + model.safetensors of the tiny Llama into ``path``."""
+def write_tiny_llama(path: Path, seed: int = 0, std: float = 0.15, sliding_window: int = 0) -> Path:
+    """Write config.json + model.safetensors of the tiny Llama into ``path``.
+
+    With ``sliding_window`` > 0 the second layer attends only to the last ``sliding_window``
+    tokens (``layer_types``), so vLLM's hybrid KV cache manager keeps two KV cache groups.
+    """
     import torch
     from safetensors.torch import save_file
 
@@ -72,7 +76,10 @@ def write_tiny_llama(path: Path, seed: int = 0, std: float = 0.15) -> Path:
             p + "post_attention_layernorm.weight": torch.ones(h),
         })
     save_file({k: t.contiguous() for k, t in tensors.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(CONFIG, indent=1))
+    config = dict(CONFIG)
+    if sliding_window:
+        config.update(sliding_window=sliding_window, layer_types=["full_attention", "sliding_attention"])
+    (path / "config.json").write_text(json.dumps(config, indent=1))
     return path
 
 

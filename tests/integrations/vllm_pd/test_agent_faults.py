@@ -128,3 +128,17 @@ def test_control_plane_refuses_a_peer_with_another_secret() -> None:
     finally:
         for s in (p, good, bad):
             s.close()
+
+
+def test_a_second_request_with_a_live_transfer_id_is_refused_not_mixed_up(pair) -> None:
+    d = pair["D"].ranks[0]
+    first, _, _, _ = _job(pair["P"], pair["D"], "dup-id", "write")
+    second, _, _, _ = _job(pair["P"], pair["D"], "dup-id", "write")
+    second = RecvJob(**{**second.__dict__, "req_id": "d-dup-id-2"})
+    d.call("recv", first)
+    d.call("recv", second)
+    (r,) = d.call("results", (1, 10), timeout=30)
+    assert r.req_id == "d-dup-id-2" and not r.ok and "already in use" in r.reason, r
+    d.call("abort", [first.req_id])
+    (r,) = d.call("results", (1, 20), timeout=40)
+    assert r.req_id == first.req_id and r.aborted, r
