@@ -84,7 +84,7 @@ def describe_kv_caches(
     regions: List[KVRegion] = []
     region_of: Dict[int, int] = {}
     layers: List[LayerLayout] = []
-    seen_views: Dict[Tuple[int, Tuple[int, ...], Tuple[int, ...]], str] = {}
+    seen_views: Dict[Tuple[int, Tuple[int, ...], Tuple[int, ...], int], str] = {}
     for name, t in kv_caches.items():
         group = layer_groups.get(name)
         if group is None:
@@ -94,8 +94,11 @@ def describe_kv_caches(
                 f"KV cache of layer {name} has shape {tuple(t.shape)}; the connector supports vLLM's 4D "
                 "[blocks, heads, tokens, content] views (vLLM 0.30-0.33)"
             )
-        view_key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
-        if view_key in seen_views:  # a layer sharing another layer's cache (cross-layer KV sharing)
+        # Cross-layer KV sharing gives two layers of one group the same view: move it once. Layers
+        # of different groups may overlay the same bytes too (hybrid allocator), but each group
+        # addresses them with its own block ids, so they stay separate entries.
+        view_key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), int(group))
+        if view_key in seen_views:
             continue
         seen_views[view_key] = name
         kernel_blocks, heads, tokens, content = t.shape

@@ -178,3 +178,14 @@ def test_heartbeat_sends_moriio_registration_payload() -> None:
         ctx.term()
     with pytest.raises(ValueError, match="http_port"):
         ConnectorConfig.from_extra({"proxy_ip": "10.0.0.9", "proxy_ping_port": 36367})
+
+
+def test_layers_sharing_a_view_are_moved_once_per_group() -> None:
+    torch = pytest.importorskip("torch")
+    from mori_integrations.vllm.kv_connector.layout import describe_kv_caches
+
+    view = torch.zeros(4, 2, 8, 16)
+    layout = describe_kv_caches({"a": view, "b": view, "c": view}, {"a": 0, "b": 0, "c": 1}, num_blocks=4)
+    # b shares a's cache in the same group (cross-layer sharing); c overlays it in another group (hybrid allocator)
+    assert [(layer.name, layer.group) for layer in layout.layers] == [("a", 0), ("c", 1)]
+    assert len(layout.regions) == 1

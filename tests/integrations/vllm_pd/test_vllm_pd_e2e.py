@@ -12,7 +12,6 @@ The last test kills the prefill.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from typing import Dict, Iterator, List, Sequence
 
@@ -20,21 +19,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from mori_core.bench.pd_agents import free_port_block  # noqa: E402
-from mori_core.bench.pd_servers import (  # noqa: E402
-    CPU_ENV,
-    Managed,
-    complete,
-    kv_bytes_per_token,
-    metric,
-    metrics,
-    vllm_argv,
-    wait_healthy,
-    write_tiny_llama,
-)
+from mori_core.bench.pd_servers import complete, kv_bytes_per_token, metric, metrics, write_tiny_llama  # noqa: E402
+from vllm_cluster import start_pd  # noqa: E402
 
 
-START_TIMEOUT_S = 600
 BLOCK = 32
 TIMEOUTS = {"transfer_timeout": 4, "recv_abort_timeout": 10, "defer_timeout": 20, "handshake_timeout": 3}
 BLOCK_BYTES = BLOCK * kv_bytes_per_token()
@@ -59,48 +47,19 @@ MAX_TOKENS = [6, 9, 4, 12, 7, 5, 10, 8, 6, 11]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict]:
     work = tmp_path_factory.mktemp("vllm_pd")
-    model = write_tiny_llama(work / "tiny-llama")
-    ports = free_port_block(3)
-    kv_p, kv_d = free_port_block(2), free_port_block(2)
-
-    def kv(role: str, base: int) -> Dict:
-        extra = {"backend": "tcp", "host_ip": "127.0.0.1", "handshake_port": base, "notify_port": base + 1, **TIMEOUTS}
-        return {"kv_connector": "MoriSuiteConnector", "kv_role": role, "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": extra}
-
-    urls = [f"http://127.0.0.1:{ports + i}" for i in range(3)]
-    procs: List[Managed] = []
+    pd = start_pd(work, write_tiny_llama(work / "tiny-llama"), TIMEOUTS, reference=True)
     try:
-        t0 = time.monotonic()
-        procs.append(Managed("reference", vllm_argv(model, ports, None), work, CPU_ENV))
-        procs.append(Managed("prefill", vllm_argv(model, ports + 1, kv("kv_producer", kv_p)), work, CPU_ENV))
-        procs.append(Managed("decode", vllm_argv(model, ports + 2, kv("kv_consumer", kv_d)), work, CPU_ENV))
-        wait_healthy(procs, urls, START_TIMEOUT_S)
-        started_s = time.monotonic() - t0
-        proxies = {}
-        for mode in ("write", "read"):
-            port = free_port_block(1)
-            proxies[mode] = Managed(
-                f"proxy-{mode}",
-                [sys.executable, "-m", "mori_integrations.vllm.pd_proxy", "--prefill", urls[1], "--decode", urls[2],
-                 "--prefill-ports", f"{kv_p}:{kv_p + 1}", "--mode", mode, "--host", "127.0.0.1", "--port", str(port)],
-                work,
-            )
-            procs.append(proxies[mode])
-            wait_healthy([proxies[mode]], [f"http://127.0.0.1:{port}"], 60)
         # The reference's answers, then it goes (three servers share two cores and the RAM).
         reference = []
         for prompt, n in zip(PROMPTS, MAX_TOKENS):
-            status, body = complete(urls[0], prompt, n)
+            status, body = complete(pd.reference, prompt, n)
             assert status == 200, body
             reference.append(body["choices"][0]["token_ids"])
-        procs[0].stop()
-        yield {"urls": urls, "proxies": {m: p for m, p in proxies.items()}, "procs": procs, "reference": reference,
-               "proxy_urls": {m: f"http://127.0.0.1:{p.proc.args[-1]}" for m, p in proxies.items()},
-               "kv_prefill": kv_p, "started_s": started_s}
+        pd.procs["reference"].stop()
+        yield {"urls": [pd.reference, pd.prefill, pd.decode], "procs": pd.procs, "reference": reference,
+               "proxy_urls": pd.proxies, "kv_prefill": pd.kv_prefill_base}
     finally:
-        for p in reversed(procs):
-            p.stop()
+        pd.stop()
 
 
 def _cached_blocks(prompt: Sequence[int], seen: List[Sequence[int]]) -> int:
@@ -162,7 +121,7 @@ def test_pd_outputs_equal_a_single_server_and_the_decode_computes_no_prompt(clus
 
 
 def test_prefill_death_fails_or_recomputes_within_the_bound_and_the_decode_keeps_serving(cluster) -> None:
-    prefill_proc, decode = cluster["procs"][1], cluster["urls"][2]
+    prefill_proc, decode = cluster["procs"]["prefill"], cluster["urls"][2]
     prefill_proc.kill()
     prompt, n, want = PROMPTS[5], MAX_TOKENS[5], cluster["reference"][5]
 
