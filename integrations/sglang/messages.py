@@ -20,6 +20,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from mori_integrations.common.control_codec import ControlCodec, ControlMessageError  # noqa: F401  (re-exported)
+
 WIRE_GUARD = b"MoriSuiteKV1"
 STOCK_MORI_GUARD = b"MoriMsgGuard"  # SGLang's in-tree backend; never spoken here
 
@@ -57,10 +59,6 @@ Positive = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
 Room = NonNeg  # SGLang draws bootstrap rooms from [0, 2**63)
 DescBlob = Annotated[bytes, msgspec.Meta(min_length=1, max_length=MAX_DESC_BYTES)]
 IntList = Annotated[List[NonNeg], msgspec.Meta(max_length=MAX_STATE_ENTRIES)]
-
-
-class ControlMessageError(ValueError):
-    """A control message that is malformed, too large or inconsistent."""
 
 
 class PeerRegistration(msgspec.Struct, forbid_unknown_fields=True):
@@ -165,31 +163,23 @@ class KVStatus(msgspec.Struct, forbid_unknown_fields=True):
 
 Message = Union[PeerRegistration, TransferMetadata, KVStatus]
 
-_KIND_OF = {PeerRegistration: KIND_REGISTER, TransferMetadata: KIND_METADATA, KVStatus: KIND_STATUS}
-_DECODERS = {
-    KIND_REGISTER: msgspec.msgpack.Decoder(PeerRegistration),
-    KIND_METADATA: msgspec.msgpack.Decoder(TransferMetadata),
-    KIND_STATUS: msgspec.msgpack.Decoder(KVStatus),
-}
-_ENCODER = msgspec.msgpack.Encoder()
+_CODEC = ControlCodec(
+    WIRE_GUARD,
+    {
+        KIND_REGISTER: (PeerRegistration, MAX_BODY_BYTES[KIND_REGISTER]),
+        KIND_METADATA: (TransferMetadata, MAX_BODY_BYTES[KIND_METADATA]),
+        KIND_STATUS: (KVStatus, MAX_BODY_BYTES[KIND_STATUS]),
+    },
+)
 
 
 def encode_message(message: Message) -> List[bytes]:
     """Frames of one control message (validated first, so we never send what we would reject)."""
-    validate = getattr(message, "validate", None)
-    if validate is not None:
-        validate()
-    kind = _KIND_OF[type(message)]
-    body = _ENCODER.encode(message)
-    if len(body) > MAX_BODY_BYTES[kind]:
-        raise ControlMessageError(
-            f"{kind.decode()} message of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES[kind]}"
-        )
-    return [WIRE_GUARD, kind, body]
+    return _CODEC.encode(message)
 
 
 def is_ours(frames: List[bytes]) -> bool:
-    return bool(frames) and frames[0] == WIRE_GUARD
+    return _CODEC.is_ours(frames)
 
 
 def decode_message(frames: List[bytes]) -> Message:
@@ -199,24 +189,7 @@ def decode_message(frames: List[bytes]) -> Message:
         ControlMessageError: wrong guard, unknown kind, oversized, malformed or
             inconsistent body.
     """
-    if len(frames) != 3 or frames[0] != WIRE_GUARD:
-        raise ControlMessageError(f"not a mori-suite control message ({len(frames)} frames)")
-    kind, body = frames[1], frames[2]
-    decoder = _DECODERS.get(kind)
-    if decoder is None:
-        raise ControlMessageError(f"unknown message kind {kind[:32]!r}")
-    if len(body) > MAX_BODY_BYTES[kind]:
-        raise ControlMessageError(
-            f"{kind.decode()} message of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES[kind]}"
-        )
-    try:
-        message = decoder.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise ControlMessageError(f"malformed {kind.decode()} message: {e}") from None
-    validate = getattr(message, "validate", None)
-    if validate is not None:
-        validate()
-    return message
+    return _CODEC.decode(frames)
 
 
 def check_frames(frames: List[bytes]) -> None:

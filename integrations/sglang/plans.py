@@ -19,82 +19,17 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import numpy.typing as npt
 
-from mori_core.io import IOEngine, MemoryDesc, TransferStatus
+from mori_integrations.common.segments import (  # noqa: F401  (re-exported)
+    PlanError,
+    Segments,
+    TransferBatch,
+    as_indices,
+    contiguous_segments,
+    index_runs,
+)
 
-Segments = Tuple[List[int], List[int], List[int]]  # local offsets, remote offsets, sizes
-
-
-class PlanError(ValueError):
-    """Prefill and decode layouts cannot be paired (a configuration error, not a transport one)."""
-
-
-@dataclasses.dataclass
-class WriteBatch:
-    """Writes of one transfer step, one entry per (local region, remote region) pair."""
-
-    local: List[MemoryDesc] = dataclasses.field(default_factory=list)
-    local_offsets: List[List[int]] = dataclasses.field(default_factory=list)
-    remote: List[MemoryDesc] = dataclasses.field(default_factory=list)
-    remote_offsets: List[List[int]] = dataclasses.field(default_factory=list)
-    sizes: List[List[int]] = dataclasses.field(default_factory=list)
-
-    def add(self, local: MemoryDesc, remote: MemoryDesc, segments: Segments) -> None:
-        """Queue ``segments`` from ``local`` to ``remote`` (empty segment lists are dropped)."""
-        lo, ro, sz = segments
-        if not sz:
-            return
-        self.local.append(local)
-        self.local_offsets.append(lo)
-        self.remote.append(remote)
-        self.remote_offsets.append(ro)
-        self.sizes.append(sz)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(sum(s) for s in self.sizes)
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def submit(self, engine: IOEngine) -> List[TransferStatus]:
-        """One ``batch_write`` for everything queued; one status per region pair."""
-        if not self.sizes:
-            return []
-        uids = [engine.allocate_transfer_uid() for _ in self.sizes]
-        return list(
-            engine.batch_write(self.local, self.local_offsets, self.remote, self.remote_offsets, self.sizes, uids)
-        )
-
-
-def as_indices(values: Sequence[int] | npt.NDArray) -> npt.NDArray[np.int64]:
-    """A flat int64 copy of page/slot indices (SGLang passes int32 arrays or lists)."""
-    return np.asarray(values, dtype=np.int64).ravel()
-
-
-def index_runs(src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> Tuple[npt.NDArray, npt.NDArray, npt.NDArray]:
-    """Split paired indices into runs that are +1 contiguous on both sides.
-
-    Returns (src_starts, dst_starts, lengths).
-    """
-    if src.size != dst.size:
-        raise PlanError(f"{src.size} source indices but {dst.size} destination indices")
-    if src.size == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty
-    breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [src.size]))
-    return src[starts], dst[starts], ends - starts
-
-
-def contiguous_segments(
-    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], src_item_len: int, dst_item_len: int
-) -> Segments:
-    """Whole items (pages or state slots) copied index to index."""
-    if src_item_len != dst_item_len:
-        raise PlanError(f"item sizes differ: prefill {src_item_len} B, decode {dst_item_len} B")
-    s, d, n = index_runs(src, dst)
-    return (s * src_item_len).tolist(), (d * dst_item_len).tolist(), (n * src_item_len).tolist()
+# Shared with the other adapters; SGLang code keeps importing the names from here.
+WriteBatch = TransferBatch
 
 
 @dataclasses.dataclass(frozen=True)

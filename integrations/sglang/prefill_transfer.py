@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
 
-from mori_core.io import StatusCode, TransferStatus
+from mori_core.io import TransferStatus
+from mori_integrations.common.segments import await_statuses
 from mori_integrations.sglang.peers import DecodePeer, RoomTarget, by_engine_key
 from mori_integrations.sglang.plans import (
     PlanError,
@@ -173,30 +173,7 @@ class PrefillTransferMixin:
 
     def _await_statuses(self, statuses: List[TransferStatus]) -> Tuple[Optional[str], bool]:
         """(failure reason or None, whether every write has stopped) within the transfer timeout."""
-        if not statuses:
-            return None, True
-        deadline = time.monotonic() + self._transfer_timeout_s
-        while True:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                return f"KV transfer did not finish within {self._transfer_timeout_s:.0f} s", False
-            rc = self.engine.wait_all(statuses, timeout_ms=min(self._wait_poll_ms, remaining_ms))
-            if rc == StatusCode.SUCCESS:
-                return None, True
-            if rc != StatusCode.IN_PROGRESS:
-                reason = next((f"KV transfer failed: {s.Message()}" for s in statuses if s.Failed()), f"KV transfer failed ({rc})")
-                return reason, self._drain(statuses, deadline)
-
-    @staticmethod
-    def _drain(statuses: List[TransferStatus], deadline: float) -> bool:
-        """Wait (bounded) for the writes still in flight after a failure."""
-        for s in statuses:
-            while s.InProgress():
-                remaining_ms = int((deadline - time.monotonic()) * 1000)
-                if remaining_ms <= 0:
-                    return False
-                s.WaitFor(min(remaining_ms, 1000))
-        return True
+        return await_statuses(self.engine, statuses, self._transfer_timeout_s, self._wait_poll_ms)
 
     # ------------------------------------------------- abort-ack bookkeeping
     def _outstanding_begin(self, room: int) -> None:

@@ -1,4 +1,5 @@
-"""vLLM adapter of mori-suite: MORI-EP as vLLM's ``all2all_backend="mori_ep"``.
+"""vLLM adapter of mori-suite: MORI-EP as vLLM's ``all2all_backend="mori_ep"``, and the PD KV
+connector ``MoriSuiteConnector`` (:mod:`.kv_connector`, proxy :mod:`.pd_proxy`; docs/vllm_pd.md).
 
 * :mod:`.plugin`            -- ``vllm.general_plugins`` entry point (``register()``)
 * :mod:`.hooks`             -- where stock vLLM is extended for ``mori_ep``

@@ -14,9 +14,11 @@ Every bad value raises ``ValueError`` naming the key, the value and the limit.
 from __future__ import annotations
 
 import re
-import socket
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
+
+from mori_integrations.common.extra_config import ExtraConfig
+from mori_integrations.common.net import detect_local_ip, resolve_host
 
 __all__ = ["ConnectorSettings", "ROLES", "BACKENDS", "detect_local_ip", "resolve_host"]
 
@@ -24,86 +26,15 @@ ROLES = ("sender", "receiver", "dual")
 BACKENDS = ("auto", "tcp", "xgmi", "rdma")
 # vLLM-Omni's port stride between TP ranks (utils/initialization.KV_RANK_PORT_STRIDE).
 DEFAULT_RANK_PORT_STRIDE = 16
-_WILDCARD_HOSTS = ("auto", "", "*", "0.0.0.0")
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_OWNER = "MoriTransferEngineConnector"
 
 
-def detect_local_ip() -> str:
-    """The IPv4 address this host uses for outgoing traffic (no packet is sent).
-
-    Falls back to the hostname's address, then to 127.0.0.1.
-    """
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))  # UDP connect only selects a route
-            return s.getsockname()[0]
-    except OSError:
-        pass
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-def resolve_host(value: str) -> str:
-    """Turn ``auto``/``*``/``0.0.0.0``/empty into this host's address; keep others."""
-    return detect_local_ip() if value.strip().lower() in _WILDCARD_HOSTS else value.strip()
-
-
-def _fail(key: str, value: Any, limit: str) -> ValueError:
-    return ValueError(f"MoriTransferEngineConnector: extra[{key!r}] must be {limit}, got {value!r}")
-
-
-def _get_int(extra: Mapping[str, Any], key: str, default: Optional[int], lo: int, hi: int) -> Optional[int]:
-    value = extra.get(key, default)
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise _fail(key, value, f"an int in [{lo}, {hi}]")
-    return value
-
-
-def _get_float(extra: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    value = extra.get(key, default)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise _fail(key, value, f"a number in [{lo}, {hi}]") from None
-    if isinstance(value, bool) or not lo <= number <= hi:
-        raise _fail(key, value, f"a number in [{lo}, {hi}]")
-    return number
-
-
-def _get_size(extra: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = extra.get(key, default)
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m is None:
-            raise _fail(key, value, f"a byte count like 536870912 or '512M' in [{lo}, {hi}]")
-        value = int(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise _fail(key, value, f"a byte count in [{lo}, {hi}]")
-    return value
-
-
-def _get_str(extra: Mapping[str, Any], key: str, default: Optional[str]) -> Optional[str]:
-    value = extra.get(key, default)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise _fail(key, value, "a string")
-    return value
-
-
-def _get_device(extra: Mapping[str, Any]) -> str:
-    value = _get_str(extra, "memory_pool_device", "cpu") or "cpu"
+def _get_device(cfg: ExtraConfig) -> str:
+    value = cfg.get_str("memory_pool_device", "cpu") or "cpu"
     device = value.strip().lower()
     if device == "cpu" or re.fullmatch(r"cuda(:\d+)?", device):
         return device
-    raise _fail("memory_pool_device", value, "'cpu', 'cuda' or 'cuda:<index>'")
+    raise cfg.fail("memory_pool_device", value, "'cpu', 'cuda' or 'cuda:<index>'")
 
 
 @dataclass(frozen=True)
@@ -165,34 +96,32 @@ class ConnectorSettings:
     @classmethod
     def from_extra(cls, extra: Optional[Mapping[str, Any]]) -> "ConnectorSettings":
         """Validate a connector ``extra`` dict (see the module docstring)."""
-        if extra is None:
-            extra = {}
-        if not isinstance(extra, Mapping):
-            raise TypeError(f"MoriTransferEngineConnector: config must be a dict, got {type(extra).__name__}")
+        cfg = ExtraConfig(_OWNER, extra)
+        extra = cfg.extra
 
-        role = (_get_str(extra, "role", "sender") or "sender").strip().lower()
+        role = (cfg.get_str("role", "sender") or "sender").strip().lower()
         if role not in ROLES:
-            raise _fail("role", extra.get("role"), f"one of {list(ROLES)}")
-        backend = (_get_str(extra, "backend_type", "auto") or "auto").strip().lower()
+            raise cfg.fail("role", extra.get("role"), f"one of {list(ROLES)}")
+        backend = (cfg.get_str("backend_type", "auto") or "auto").strip().lower()
         if backend not in BACKENDS:
-            raise _fail("backend_type", extra.get("backend_type"), f"one of {list(BACKENDS)}")
-        device = _get_device(extra)
+            raise cfg.fail("backend_type", extra.get("backend_type"), f"one of {list(BACKENDS)}")
+        device = _get_device(cfg)
         if backend == "xgmi" and device == "cpu":
             raise ValueError(
                 "MoriTransferEngineConnector: backend_type 'xgmi' copies GPU to GPU and needs "
                 "memory_pool_device 'cuda' (got 'cpu'); use backend_type 'tcp' or 'auto' for a CPU pool"
             )
 
-        tp_rank = _get_int(extra, "tp_rank", 0, 0, 1023)
-        stride = _get_int(extra, "rank_port_stride", DEFAULT_RANK_PORT_STRIDE, 1, 4096)
+        tp_rank = cfg.get_int("tp_rank", 0, 0, 1023)
+        stride = cfg.get_int("rank_port_stride", DEFAULT_RANK_PORT_STRIDE, 1, 4096)
         rank_offset = tp_rank * stride
-        stage_id = _get_int(extra, "stage_id", -1, -1, 1 << 20)
-        from_stage = _get_int(extra, "from_stage", None, 0, 1 << 20)
-        to_stage = _get_int(extra, "to_stage", None, 0, 1 << 20)
+        stage_id = cfg.get_int("stage_id", -1, -1, 1 << 20)
+        from_stage = cfg.get_int("from_stage", None, 0, 1 << 20)
+        to_stage = cfg.get_int("to_stage", None, 0, 1 << 20)
 
-        zmq_port = _get_int(extra, "zmq_port", None, 1, 65535)
-        sender_port = _get_int(extra, "sender_zmq_port", None, 1, 65535)
-        outgoing_port = _get_int(extra, "outgoing_zmq_port", None, 1, 65535)
+        zmq_port = cfg.get_int("zmq_port", None, 1, 65535)
+        sender_port = cfg.get_int("sender_zmq_port", None, 1, 65535)
+        outgoing_port = cfg.get_int("outgoing_zmq_port", None, 1, 65535)
         if sender_port is not None:
             sender_port += rank_offset
         listen_port = _listen_port(role, zmq_port, outgoing_port, sender_port, from_stage, stage_id, rank_offset)
@@ -203,9 +132,9 @@ class ConnectorSettings:
                     f"(tp_rank*rank_port_stride = {rank_offset}, stage_id = {stage_id})"
                 )
 
-        sender_host = _get_str(extra, "sender_host", None)
+        sender_host = cfg.get_str("sender_host", None)
         return cls(
-            host=resolve_host(_get_str(extra, "host", "127.0.0.1") or ""),
+            host=resolve_host(cfg.get_str("host", "127.0.0.1") or ""),
             role=role,
             listen_port=listen_port,
             sender_host=resolve_host(sender_host) if sender_host is not None else None,
@@ -214,24 +143,24 @@ class ConnectorSettings:
             from_stage=from_stage,
             to_stage=to_stage,
             backend_type=backend,
-            device_name=_get_str(extra, "device_name", "") or "",
-            memory_pool_size=_get_size(extra, "memory_pool_size", 1 << 30, 1 << 16, 1 << 40),
+            device_name=cfg.get_str("device_name", "") or "",
+            memory_pool_size=cfg.get_size("memory_pool_size", 1 << 30, 1 << 16, 1 << 40),
             memory_pool_device=device,
-            buffer_ttl_seconds=_get_float(extra, "buffer_ttl_seconds", 300.0, 0.01, 7 * 86400.0),
-            num_pull_workers=_get_int(extra, "num_pull_workers", 4, 1, 256),
-            query_timeout_s=_get_float(extra, "query_timeout_s", 5.0, 0.01, 3600.0),
-            transfer_timeout_s=_get_float(extra, "transfer_timeout_s", 30.0, 0.01, 3600.0),
-            transfer_timeout_per_100mb_s=_get_float(extra, "transfer_timeout_per_100mb_s", 5.0, 0.0, 3600.0),
+            buffer_ttl_seconds=cfg.get_float("buffer_ttl_seconds", 300.0, 0.01, 7 * 86400.0),
+            num_pull_workers=cfg.get_int("num_pull_workers", 4, 1, 256),
+            query_timeout_s=cfg.get_float("query_timeout_s", 5.0, 0.01, 3600.0),
+            transfer_timeout_s=cfg.get_float("transfer_timeout_s", 30.0, 0.01, 3600.0),
+            transfer_timeout_per_100mb_s=cfg.get_float("transfer_timeout_per_100mb_s", 5.0, 0.0, 3600.0),
             tp_rank=tp_rank,
             rank_port_stride=stride,
-            auth_secret=_get_str(extra, "auth_secret", "") or "",
-            tcp_num_connections=_get_int(extra, "tcp_num_connections", 4, 1, 64),
-            tcp_op_timeout_ms=_get_int(extra, "tcp_op_timeout_ms", 10000, 10, 3_600_000),
-            xgmi_num_streams=_get_int(extra, "xgmi_num_streams", 64, 1, 1024),
-            xgmi_num_events=_get_int(extra, "xgmi_num_events", 64, 1, 1024),
-            qp_per_transfer=_get_int(extra, "qp_per_transfer", 1, 1, 64),
-            post_batch_size=_get_int(extra, "post_batch_size", -1, -1, 1 << 16),
-            num_worker_threads=_get_int(extra, "num_worker_threads", 1, -1, 256),
+            auth_secret=cfg.get_str("auth_secret", "") or "",
+            tcp_num_connections=cfg.get_int("tcp_num_connections", 4, 1, 64),
+            tcp_op_timeout_ms=cfg.get_int("tcp_op_timeout_ms", 10000, 10, 3_600_000),
+            xgmi_num_streams=cfg.get_int("xgmi_num_streams", 64, 1, 1024),
+            xgmi_num_events=cfg.get_int("xgmi_num_events", 64, 1, 1024),
+            qp_per_transfer=cfg.get_int("qp_per_transfer", 1, 1, 64),
+            post_batch_size=cfg.get_int("post_batch_size", -1, -1, 1 << 16),
+            num_worker_threads=cfg.get_int("num_worker_threads", 1, -1, 256),
         )
 
     def transfer_timeout_for(self, nbytes: int) -> float:

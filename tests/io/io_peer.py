@@ -7,14 +7,12 @@ while the data still crosses a real socket between two engines.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
 from multiprocessing import shared_memory
 from typing import Any, Optional
 
 import numpy as np
 
+from mori_core.bench.spawned import SpawnedProcess
 from mori_core.io import (
     BackendType,
     EngineDesc,
@@ -58,44 +56,12 @@ def _serve(pipe, key: str, secret: str, tcp_kwargs: dict) -> None:
             return
 
 
-class PeerProcess:
-    """A target engine in a spawned process, driven by (command, argument) pairs over a pipe.
-
-    The serve loop sends the packed EngineDesc first, then one reply per
-    command; a reply that is an exception is raised here.
-    """
+class PeerProcess(SpawnedProcess):
+    """A target engine in a spawned process; the serve loop's hello is its packed EngineDesc."""
 
     def __init__(self, serve: Any, args: tuple, start_timeout: float, call_timeout: float) -> None:
-        ctx = mp.get_context("spawn")
-        self._pipe, child = ctx.Pipe()
-        self._call_timeout = call_timeout
-        self.proc = ctx.Process(target=serve, args=(child, *args), daemon=True)
-        self.proc.start()
-        if not self._pipe.poll(start_timeout):
-            raise RuntimeError(f"target process did not start within {start_timeout} s")
-        self.desc = EngineDesc.unpack(self._pipe.recv())
-
-    def call(self, cmd: str, arg: Any = None, timeout: Optional[float] = None) -> Any:
-        self._pipe.send((cmd, arg))
-        if not self._pipe.poll(self._call_timeout if timeout is None else timeout):
-            raise TimeoutError(f"target did not answer {cmd}")
-        reply = self._pipe.recv()
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.join(10)
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.call("stop", timeout=20)
-            except Exception:
-                pass
-        self.kill()
+        super().__init__(serve, args, start_timeout, call_timeout)
+        self.desc = EngineDesc.unpack(self.hello)
 
 
 class TargetProcess(PeerProcess):

@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "ep": ("mori_core.bench.ep", "MORI-EP dispatch/combine vs NCCL all_to_all_single (GPU)"),
     "moe": ("mori_core.bench.moe", "one MoE layer (dispatch + experts + combine) vs a single-GPU baseline"),
     "omni": ("mori_core.bench.omni", "vLLM-Omni connector put/get timings (seed 004's table)"),
+    "vllm-pd": ("mori_core.bench.vllm_pd", "vLLM PD disaggregation: TTFT and KV transfer per request (MoriSuiteConnector)"),
 }
 
 

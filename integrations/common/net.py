@@ -1,0 +1,31 @@
+"""Host addresses for control planes and IO engines."""
+
+from __future__ import annotations
+
+import socket
+
+__all__ = ["WILDCARD_HOSTS", "detect_local_ip", "resolve_host"]
+
+WILDCARD_HOSTS = ("auto", "", "*", "0.0.0.0")
+
+
+def detect_local_ip() -> str:
+    """The IPv4 address this host uses for outgoing traffic (no packet is sent).
+
+    Falls back to the hostname's address, then to 127.0.0.1.
+    """
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # UDP connect only selects a route
+            return s.getsockname()[0]
+    except OSError:
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def resolve_host(value: str) -> str:
+    """Turn ``auto``/``*``/``0.0.0.0``/empty into this host's address; keep others."""
+    return detect_local_ip() if value.strip().lower() in WILDCARD_HOSTS else value.strip()

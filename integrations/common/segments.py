@@ -1,0 +1,154 @@
+"""Byte segments for ``IOEngine.batch_read`` / ``batch_write``: pure functions over numbers.
+
+* Paged pools are item-major per region: item ``i`` of a region with ``item_len``
+  bytes per item is bytes ``[i * item_len, (i + 1) * item_len)``. Runs of items
+  contiguous on both sides become one segment (:func:`index_runs`).
+* :func:`merge_adjacent` joins consecutive segments that touch on both sides.
+* A :class:`TransferBatch` collects segments over many (local, remote) region
+  pairs and submits them with one engine call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+from mori_core.io import IOEngine, MemoryDesc, StatusCode, TransferStatus
+
+__all__ = [
+    "PlanError",
+    "await_statuses",
+    "Segments",
+    "TransferBatch",
+    "as_indices",
+    "contiguous_segments",
+    "index_runs",
+    "merge_adjacent",
+]
+
+Segments = Tuple[List[int], List[int], List[int]]  # local offsets, remote offsets, sizes
+
+
+class PlanError(ValueError):
+    """Two sides' layouts cannot be paired (a configuration error, not a transport one)."""
+
+
+@dataclasses.dataclass
+class TransferBatch:
+    """Segments of one transfer step, one entry per (local region, remote region) pair."""
+
+    local: List[MemoryDesc] = dataclasses.field(default_factory=list)
+    local_offsets: List[List[int]] = dataclasses.field(default_factory=list)
+    remote: List[MemoryDesc] = dataclasses.field(default_factory=list)
+    remote_offsets: List[List[int]] = dataclasses.field(default_factory=list)
+    sizes: List[List[int]] = dataclasses.field(default_factory=list)
+
+    def add(self, local: MemoryDesc, remote: MemoryDesc, segments: Segments) -> None:
+        """Queue ``segments`` between ``local`` and ``remote`` (empty segment lists are dropped)."""
+        lo, ro, sz = segments
+        if not sz:
+            return
+        self.local.append(local)
+        self.local_offsets.append(lo)
+        self.remote.append(remote)
+        self.remote_offsets.append(ro)
+        self.sizes.append(sz)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(sum(s) for s in self.sizes)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def submit(self, engine: IOEngine, *, read: bool = False) -> List[TransferStatus]:
+        """One ``batch_write`` (or ``batch_read``) for everything queued; one status per region pair."""
+        if not self.sizes:
+            return []
+        uids = [engine.allocate_transfer_uid() for _ in self.sizes]
+        call = engine.batch_read if read else engine.batch_write
+        return list(call(self.local, self.local_offsets, self.remote, self.remote_offsets, self.sizes, uids))
+
+
+def as_indices(values: Sequence[int] | npt.NDArray) -> npt.NDArray[np.int64]:
+    """A flat int64 copy of page/slot/block indices (frameworks pass int32 arrays or lists)."""
+    return np.asarray(values, dtype=np.int64).ravel()
+
+
+def index_runs(src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> Tuple[npt.NDArray, npt.NDArray, npt.NDArray]:
+    """Split paired indices into runs that are +1 contiguous on both sides.
+
+    Returns (src_starts, dst_starts, lengths).
+    """
+    if src.size != dst.size:
+        raise PlanError(f"{src.size} source indices but {dst.size} destination indices")
+    if src.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [src.size]))
+    return src[starts], dst[starts], ends - starts
+
+
+def contiguous_segments(
+    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], src_item_len: int, dst_item_len: int
+) -> Segments:
+    """Whole items (pages or state slots) copied index to index."""
+    if src_item_len != dst_item_len:
+        raise PlanError(f"item sizes differ: source {src_item_len} B, destination {dst_item_len} B")
+    s, d, n = index_runs(src, dst)
+    return (s * src_item_len).tolist(), (d * dst_item_len).tolist(), (n * src_item_len).tolist()
+
+
+def merge_adjacent(
+    local: npt.NDArray[np.int64], remote: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> Segments:
+    """Join consecutive segments that continue each other on both sides (order is kept)."""
+    if sizes.size == 0:
+        return [], [], []
+    ends_l = local[:-1] + sizes[:-1]
+    ends_r = remote[:-1] + sizes[:-1]
+    breaks = np.flatnonzero((ends_l != local[1:]) | (ends_r != remote[1:])) + 1
+    starts = np.concatenate(([0], breaks))
+    totals = np.add.reduceat(sizes, starts)
+    return local[starts].tolist(), remote[starts].tolist(), totals.tolist()
+
+
+def await_statuses(
+    engine: IOEngine, statuses: List[TransferStatus], timeout_s: float, poll_ms: int = 200
+) -> Tuple[Optional[str], bool]:
+    """Wait (bounded) for a submission's statuses.
+
+    Returns ``(failure reason or None, quiescent)``: ``quiescent`` is False only when the
+    bound passed with transfers still in flight (their memory must then not be reused
+    before the engine's own timeouts have ended them).
+    """
+    if not statuses:
+        return None, True
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+            return f"KV transfer did not finish within {timeout_s:g} s", False
+        rc = engine.wait_all(statuses, timeout_ms=min(max(1, poll_ms), remaining_ms))
+        if rc == StatusCode.SUCCESS:
+            return None, True
+        if rc != StatusCode.IN_PROGRESS:
+            reason = next((f"KV transfer failed: {s.Message()}" for s in statuses if s.Failed()), f"KV transfer failed ({rc})")
+            return reason, _drain(statuses, deadline)
+
+
+def _drain(statuses: List[TransferStatus], deadline: float) -> bool:
+    """Wait (bounded) for the transfers still in flight after a failure."""
+    for s in statuses:
+        while s.InProgress():
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return False
+            s.WaitFor(min(remaining_ms, 1000))
+    return True

@@ -1,0 +1,339 @@
+"""The worker-side transfer agent: IO engine, registered KV, peers, planning, control plane.
+
+Independent of vLLM (it sees tensors, block ids and plain dataclasses), so the same code
+moves KV inside a vLLM worker and in tests that fake only vLLM's side (the GPU test
+drives two agents over XGMI in two processes). :mod:`.producer` and :mod:`.consumer`
+hold the per-request state machines; this module holds what they share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import numpy.typing as npt
+import zmq
+
+from mori_core.io import EngineDesc, MemoryDesc, MemoryLocationType, TcpBackendConfig
+from mori_integrations.common.engine_setup import create_engine
+from mori_integrations.common.segments import PlanError, TransferBatch
+from mori_integrations.vllm.kv_connector.config import ConnectorConfig, rank_port
+from mori_integrations.vllm.kv_connector.control import ControlServer, HandshakeError, Notifier, fetch_metadata
+from mori_integrations.vllm.kv_connector.heartbeat import ProxyHeartbeat
+from mori_integrations.vllm.kv_connector.layout import describe_kv_caches
+from mori_integrations.vllm.kv_connector.messages import (
+    AgentMetadata,
+    ConsumerDone,
+    LayerLayout,
+    WriteDone,
+    WriteRequest,
+    make_codec,
+)
+from mori_integrations.vllm.kv_connector.metadata import PeerAddress
+from mori_integrations.vllm.kv_connector.planner import plan_layer
+from mori_integrations.vllm.kv_connector.stats import TransferCounters
+
+__all__ = ["AgentIdentity", "Peer", "TransferAgent", "pair_blocks"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_PEERS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentIdentity:
+    """Who this worker is, in the terms peers need."""
+
+    engine_id: str  # vLLM's kv_transfer_config.engine_id
+    tp_rank: int
+    tp_size: int
+    dp_rank: int  # DP rank local to this node (port arithmetic)
+    total_kv_heads: int
+    replicated_heads: bool  # MLA: every rank holds the whole cache
+    group_block_sizes: List[int]
+    role: str = "P"  # "P" (prefill / kv_producer, also kv_both) or "D": for router registration
+    dp_size: int = 1
+
+
+@dataclasses.dataclass
+class Peer:
+    """A remote worker: its metadata, registered engine and unpacked memory descriptors."""
+
+    meta: AgentMetadata
+    key: str
+    regions: List[MemoryDesc]
+    layers: Dict[str, LayerLayout]
+
+
+def pair_blocks(
+    src: Sequence[int], dst: Sequence[int], null_block_id: int
+) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Index-aligned block pairs, skipping positions where the destination holds no block.
+
+    Raises PlanError when the destination needs a position the source has no block for
+    (e.g. a sliding-window block the source already dropped).
+    """
+    if len(src) < len(dst):
+        raise PlanError(f"the destination expects {len(dst)} blocks but the source holds {len(src)}")
+    s = np.asarray(src[: len(dst)], dtype=np.int64)
+    d = np.asarray(dst, dtype=np.int64)
+    keep = d != null_block_id
+    if np.any(keep & (s == null_block_id)):
+        raise PlanError("the destination needs blocks the source no longer holds (outside its sliding window)")
+    return s[keep], d[keep]
+
+
+class TransferAgent:
+    """Everything one worker needs to move KV (see the module docstring).
+
+    Args:
+        config: validated connector configuration.
+        identity: this worker's ranks and KV shape.
+        kv_caches: layer name -> vLLM's 4D KV view.
+        layer_groups: layer name -> KV cache group index (transferable groups only).
+        num_blocks: manager blocks per layer.
+    """
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        identity: AgentIdentity,
+        kv_caches: Mapping[str, Any],
+        layer_groups: Mapping[str, int],
+        num_blocks: int,
+    ) -> None:
+        from mori_integrations.vllm.kv_connector.consumer import ConsumerSide
+        from mori_integrations.vllm.kv_connector.producer import ProducerSide
+
+        self.config = config
+        self.identity = identity
+        self.lock = threading.RLock()
+        self.counters = TransferCounters()
+        self._peers: Dict[str, Peer] = {}
+        self._peer_by_address: Dict[Tuple[str, int], Peer] = {}
+        self._closed = False
+        self.control: Optional[ControlServer] = None
+        self.heartbeat: Optional[ProxyHeartbeat] = None
+        self.pool: Optional[ThreadPoolExecutor] = None
+        self.ctx = zmq.Context()
+        layout = describe_kv_caches(kv_caches, layer_groups, num_blocks)
+        self.layers = layout.layers
+        self._kv_caches = dict(kv_caches)  # keep the registered memory alive
+        gpu = any(r.device_index >= 0 for r in layout.regions)
+        self.engine_key = (
+            f"vllm-{identity.engine_id[:12]}-dp{identity.dp_rank}-tp{identity.tp_rank}-pid{os.getpid()}-"
+            f"{uuid.uuid4().hex[:8]}"
+        )
+        setup = create_engine(
+            self.engine_key,
+            config.host_ip,
+            gpu_memory=gpu,
+            rdma=config.rdma,
+            backend=config.backend,
+            auth_secret=config.auth_secret,
+            tcp=TcpBackendConfig(num_connections=config.tcp_num_connections, op_timeout_ms=config.tcp_op_timeout_ms),
+        )
+        self.engine = setup.engine
+        self.backends = setup.describe()
+        try:
+            self.regions = [
+                self.engine.register_memory(
+                    r.ptr, r.nbytes, r.device_index, MemoryLocationType.GPU if r.device_index >= 0 else MemoryLocationType.CPU
+                )
+                for r in layout.regions
+            ]
+            self.codec = make_codec(config.auth_secret)
+            self.handshake_port = rank_port(config.handshake_port, identity.dp_rank, identity.tp_size, identity.tp_rank)
+            self.notify_port = rank_port(config.notify_port, identity.dp_rank, identity.tp_size, identity.tp_rank)
+            self.metadata = AgentMetadata(
+                engine_id=identity.engine_id,
+                engine_desc=self.engine.get_engine_desc().pack(),
+                regions=[d.pack() for d in self.regions],
+                layers=list(self.layers),
+                tp_rank=identity.tp_rank,
+                tp_size=identity.tp_size,
+                dp_rank=identity.dp_rank,
+                total_kv_heads=identity.total_kv_heads,
+                replicated_heads=identity.replicated_heads,
+                block_size=identity.group_block_sizes[0],
+                group_block_sizes=list(identity.group_block_sizes),
+                notify_host=config.host_ip,
+                notify_port=self.notify_port,
+            )
+            self.notifier = Notifier(self.codec, self.ctx)
+            self.pool = ThreadPoolExecutor(config.transfer_threads, thread_name_prefix=f"mori-kv-tp{identity.tp_rank}")
+            self.producer = ProducerSide(self)
+            self.consumer = ConsumerSide(self)
+            self.control = ControlServer(
+                self.codec,
+                self.ctx,
+                config.host_ip,
+                self.handshake_port,
+                self.notify_port,
+                lambda: self.metadata,
+                self._on_notify,
+                name=f"mori-kv-ctl-tp{identity.tp_rank}",
+            )
+            if config.proxy_ip and identity.tp_rank == 0 and identity.dp_rank == 0:
+                self.heartbeat = ProxyHeartbeat(self.ctx, config.proxy_ip, config.proxy_ping_port, {
+                    "type": identity.role,
+                    "http_address": f"{config.host_ip}:{config.http_port}",
+                    "zmq_address": f"host:{config.host_ip},handshake:{config.handshake_port},notify:{config.notify_port}",
+                    "dp_size": identity.dp_size,
+                    "tp_size": identity.tp_size,
+                    "transfer_mode": config.default_mode.upper(),
+                })
+        except BaseException:
+            self.close()
+            raise
+        logger.info(
+            "MoriSuiteConnector worker tp%d/%d dp%d: engine %s, IO backends %s, %d KV layers in %d region(s) "
+            "(%s memory), control %s:%d (handshake) / %d (notify)%s",
+            identity.tp_rank,
+            identity.tp_size,
+            identity.dp_rank,
+            self.engine_key,
+            self.backends,
+            len(self.layers),
+            len(self.regions),
+            "GPU" if gpu else "host",
+            config.host_ip,
+            self.handshake_port,
+            self.notify_port,
+            ", authenticated" if self.codec.authenticated else "",
+        )
+
+    # ---------------------------------------------------------------- peers
+    def _on_notify(self, message: Any) -> None:
+        if isinstance(message, WriteRequest):
+            self.producer.on_write_request(message)
+        elif isinstance(message, ConsumerDone):
+            self.producer.on_consumer_done(message)
+        elif isinstance(message, WriteDone):
+            self.consumer.on_write_done(message)
+        else:
+            logger.warning("MoriSuiteConnector: unexpected %s on the notify port", type(message).__name__)
+
+    def peer_from_meta(self, meta: AgentMetadata) -> Peer:
+        """The peer described by ``meta`` (its engine registered once)."""
+        desc = EngineDesc.unpack(meta.engine_desc)
+        with self.lock:
+            peer = self._peers.get(desc.key)
+            if peer is not None:
+                return peer
+        try:
+            regions = [MemoryDesc.unpack(b) for b in meta.regions]
+        except (ValueError, RuntimeError, TypeError) as e:
+            raise HandshakeError(f"peer {desc.key} sent an undecodable memory descriptor: {e}") from None
+        peer = Peer(meta=meta, key=desc.key, regions=regions, layers={layer.name: layer for layer in meta.layers})
+        with self.lock:
+            if desc.key not in self._peers:
+                self.engine.register_remote_engine(desc)
+                if len(self._peers) >= _MAX_PEERS:  # forget the oldest peer (a restarted server leaves one behind)
+                    old = self._peers.pop(next(iter(self._peers)))
+                    self._peer_by_address = {a: p for a, p in self._peer_by_address.items() if p is not old}
+                self._peers[desc.key] = peer
+            return self._peers[desc.key]
+
+    def fetch_peer(self, address: PeerAddress, rank: int, tp_size: int) -> Peer:
+        """Handshake with rank ``rank`` of the producer at ``address`` (cached per port)."""
+        port = rank_port(address.handshake_port, address.dp_rank, tp_size, rank)
+        with self.lock:
+            peer = self._peer_by_address.get((address.host, port))
+        if peer is not None:
+            return peer
+        meta = fetch_metadata(
+            self.codec, self.ctx, address.host, port, self.engine_key, self.config.handshake_timeout_s
+        )
+        if meta.tp_rank != rank or meta.dp_rank != address.dp_rank:
+            raise HandshakeError(
+                f"{address.host}:{port} is tp rank {meta.tp_rank} dp rank {meta.dp_rank}, expected tp rank {rank} "
+                f"dp rank {address.dp_rank} (remote_tp_size / remote_dp_rank in kv_transfer_params?)"
+            )
+        peer = self.peer_from_meta(meta)
+        with self.lock:
+            self._peer_by_address[(address.host, port)] = peer
+        return peer
+
+    def forget_address(self, address: PeerAddress) -> None:
+        """Drop cached handshakes with ``address`` (a failed peer may come back as a new process)."""
+        with self.lock:
+            for key in [k for k in self._peer_by_address if k[0] == address.host]:
+                del self._peer_by_address[key]
+
+    def peer_routes(self) -> Dict[str, str]:
+        """Which transport the engine uses towards each known peer (first KV region pair), by engine key."""
+        with self.lock:
+            peers = list(self._peers.values())
+        return {p.key: str(self.engine.route_of(self.regions[0], p.regions[0]).name) for p in peers}
+
+    # ------------------------------------------------------------- planning
+    def group_positions(self, group: int, num_prompt_tokens: int) -> int:
+        """Blocks holding the prompt in KV cache group ``group``."""
+        return math.ceil(num_prompt_tokens / self.identity.group_block_sizes[group])
+
+    def plan(
+        self,
+        peer: Peer,
+        local_is_source: bool,
+        blocks: Sequence[Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
+        head_pairs: Sequence[Tuple[int, int]],
+        layer_names: Optional[Sequence[str]] = None,
+    ) -> TransferBatch:
+        """One batch moving ``head_pairs`` of the given blocks for every (or the named) layer.
+
+        ``blocks[g]`` is ``(local block ids, remote block ids)`` of group ``g``;
+        ``head_pairs`` are ``(source head, destination head)`` (source = the producer).
+        """
+        batch = TransferBatch()
+        if not head_pairs:
+            return batch
+        names = layer_names if layer_names is not None else [layer.name for layer in self.layers]
+        local_layers = {layer.name: layer for layer in self.layers}
+        for name in names:
+            local = local_layers[name]
+            remote = peer.layers.get(name)
+            if remote is None:
+                raise PlanError(f"the peer has no KV cache layer {name} (different model or pipeline split?)")
+            if local.group >= len(blocks):
+                continue
+            local_blocks, remote_blocks = blocks[local.group]
+            if local_is_source:
+                segs = plan_layer(local, remote, local_blocks, remote_blocks, head_pairs)
+            else:
+                remote_off, local_off, sizes = plan_layer(remote, local, remote_blocks, local_blocks, head_pairs)
+                segs = (local_off, remote_off, sizes)
+            batch.add(self.regions[local.region], peer.regions[remote.region], segs)
+        return batch
+
+    # ------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Stop threads, close sockets, deregister memory and peers. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.control is not None:
+            self.control.close()
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        producer = getattr(self, "producer", None)
+        if producer is not None:
+            producer.close()
+        notifier = getattr(self, "notifier", None)
+        if notifier is not None:
+            notifier.close()
+        for desc in getattr(self, "regions", []):
+            try:
+                self.engine.deregister_memory(desc)
+            except Exception:
+                logger.exception("deregister_memory failed during shutdown")
+        self.ctx.destroy(linger=0)

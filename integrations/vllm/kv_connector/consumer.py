@@ -1,0 +1,280 @@
+"""Consumer (decode) side of a worker: bring a request's prompt KV into its blocks.
+
+Per request a :class:`_Recv` runs on a transfer thread: handshake with the producer's
+ranks (cached), then READ (pull the blocks with one engine batch per producer rank,
+wait, tell every producer rank it may free them) or WRITE (send every producer rank a
+:class:`WriteRequest`; the producer's :class:`WriteDone` messages finish it). Every wait
+is bounded: a READ by ``transfer_timeout``; a WRITE by ``recv_abort_timeout``, after
+which no producer write can still start (their start budget ends earlier) and none can
+still run (each ends within ``transfer_timeout`` of its start), so the blocks may be
+reused. A request that fails is reported to vLLM (``failed_recving``), which then
+recomputes it locally or fails it, per ``kv_load_failure_policy``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+from mori_integrations.common.segments import PlanError, await_statuses
+from mori_integrations.vllm.kv_connector.control import HandshakeError
+from mori_integrations.vllm.kv_connector.messages import ConsumerDone, WriteDone, WriteRequest
+from mori_integrations.vllm.kv_connector.metadata import RecvJob
+from mori_integrations.vllm.kv_connector.tp_mapping import head_pairs
+
+if TYPE_CHECKING:
+    from mori_integrations.vllm.kv_connector.agent import Peer, TransferAgent
+
+__all__ = ["ConsumerSide", "RecvResult"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecvResult:
+    """How one request's KV arrived (or did not)."""
+
+    req_id: str
+    ok: bool
+    aborted: bool
+    mode: str
+    nbytes: int
+    transfer_ms: float  # engine time (READ: our reads; WRITE: the slowest producer rank's writes)
+    wait_ms: float  # job start -> KV complete (WRITE: includes the prefill's compute)
+    reason: str
+
+
+@dataclasses.dataclass
+class _Recv:
+    job: RecvJob
+    started: float
+    deadline: float
+    producers: Optional[List["Peer"]] = None
+    requested: bool = False  # WRITE: write requests sent
+    write_dones: Dict[int, WriteDone] = dataclasses.field(default_factory=dict)
+    aborted: bool = False
+    result: Optional[RecvResult] = None
+
+
+class ConsumerSide:
+    """See the module docstring. All methods are thread-safe."""
+
+    def __init__(self, agent: "TransferAgent") -> None:
+        self._agent = agent
+        self._recvs: Dict[str, _Recv] = {}  # transfer_id -> state
+
+    # ------------------------------------------------ scheduler-side events
+    def start(self, jobs: Sequence[RecvJob]) -> None:
+        """Start this step's jobs (model thread; never blocks)."""
+        cfg = self._agent.config
+        now = time.monotonic()
+        for job in jobs:
+            if job.mode == "release":
+                self._agent.pool.submit(self._release, job)
+                continue
+            recv = _Recv(job=job, started=now, deadline=now + cfg.recv_abort_timeout_s)
+            with self._agent.lock:
+                if job.transfer_id in self._recvs:  # two live requests under one id cannot be told apart
+                    logger.warning("MoriSuiteConnector: transfer_id %s is already in use; request %s computes "
+                                   "its prompt itself", job.transfer_id, job.req_id)
+                    job = dataclasses.replace(job, transfer_id=f"{job.transfer_id}#dup-{job.req_id}", mode="invalid",
+                                              error="transfer_id already in use by another request")
+                    recv = _Recv(job=job, started=now, deadline=recv.deadline)
+                self._recvs[job.transfer_id] = recv
+                if job.mode == "invalid":
+                    self._finish(recv, False, f"kv_transfer_params cannot drive a transfer: {job.error}")
+                    continue
+            self._agent.pool.submit(self._run, recv)
+
+    def abort(self, req_ids: Set[str]) -> None:
+        """vLLM finished (aborted) these requests: stop what can be stopped (model thread)."""
+        if not req_ids:
+            return
+        with self._agent.lock:
+            for recv in self._recvs.values():
+                if recv.job.req_id in req_ids and recv.result is None and not recv.aborted:
+                    recv.aborted = True
+                    if recv.requested:
+                        self._notify_producers(recv, ok=False, nbytes_by_rank={}, reason="the decode request was aborted")
+
+    def take_results(self) -> List[RecvResult]:
+        """Requests whose KV transfer ended (model thread, every step)."""
+        now = time.monotonic()
+        out: List[RecvResult] = []
+        with self._agent.lock:
+            for tid, recv in list(self._recvs.items()):
+                if recv.result is None and recv.requested and now > recv.deadline:
+                    self._finish(recv, False, f"no KV from the prefill within recv_abort_timeout "
+                                 f"({self._agent.config.recv_abort_timeout_s:g} s)")
+                if recv.result is not None:
+                    out.append(recv.result)
+                    del self._recvs[tid]
+        return out
+
+    def has_pending(self) -> bool:
+        with self._agent.lock:
+            return bool(self._recvs)
+
+    # ------------------------------------------------------ producer events
+    def on_write_done(self, note: WriteDone) -> None:
+        """A producer rank ended its writes into us (control thread)."""
+        with self._agent.lock:
+            recv = self._recvs.get(note.transfer_id)
+            if recv is None or recv.result is not None:
+                return
+            recv.write_dones[note.producer_rank] = note
+            if len(recv.write_dones) >= note.producer_tp:
+                failed = [d for d in recv.write_dones.values() if not d.ok]
+                reason = failed[0].reason if failed else ""
+                self._finish(recv, not failed, reason,
+                             nbytes=sum(d.nbytes for d in recv.write_dones.values()),
+                             transfer_ms=max(d.elapsed_us for d in recv.write_dones.values()) / 1000)
+
+    # ------------------------------------------------------------ internals
+    def _producers(self, job: RecvJob) -> List["Peer"]:
+        assert job.peer is not None
+        rank0 = self._agent.fetch_peer(job.peer, 0, job.peer.tp_size_hint)
+        tp = rank0.meta.tp_size
+        return [rank0] + [self._agent.fetch_peer(job.peer, r, tp) for r in range(1, tp)]
+
+    def _block_pairs(self, job: RecvJob) -> List[Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        """READ: per group (local, remote) block arrays of the positions to move."""
+        from mori_integrations.vllm.kv_connector.agent import pair_blocks
+
+        remote = job.remote_block_ids or []
+        pairs = []
+        for g, local in enumerate(job.local_block_ids):
+            n = min(self._agent.group_positions(g, job.num_prompt_tokens), len(local))
+            start = job.positions[g]
+            if g >= len(remote):
+                raise PlanError(f"the prefill sent blocks of {len(remote)} KV cache groups, the decode has {len(job.local_block_ids)}")
+            src, dst = pair_blocks(remote[g][start:n], local[start:n], job.null_block_id)
+            pairs.append((dst, src))
+        return pairs
+
+    def _run(self, recv: _Recv) -> None:
+        job, agent = recv.job, self._agent
+        try:
+            producers = self._producers(job)
+            with agent.lock:
+                recv.producers = producers
+                if recv.aborted:
+                    self._notify_producers(recv, ok=False, nbytes_by_rank={}, reason="the decode request was aborted")
+                    self._finish(recv, False, "aborted")
+                    return
+            if job.mode == "read":
+                self._read(recv, producers)
+            else:
+                self._request_writes(recv, producers)
+        except HandshakeError as e:
+            agent.forget_address(job.peer)
+            with agent.lock:
+                self._finish(recv, False, f"handshake with the prefill failed: {e}")
+        except PlanError as e:
+            with agent.lock:
+                if recv.producers is not None:
+                    self._notify_producers(recv, ok=False, nbytes_by_rank={}, reason=str(e))
+                self._finish(recv, False, f"KV layouts of prefill and decode cannot be paired: {e}")
+        except Exception as e:  # never leave a request waiting forever
+            logger.exception("MoriSuiteConnector: KV receive of %s failed", job.req_id)
+            with agent.lock:
+                self._finish(recv, False, f"KV receive error: {e!r}")
+
+    def _read(self, recv: _Recv, producers: List["Peer"]) -> None:
+        agent, job = self._agent, recv.job
+        ident = agent.identity
+        blocks = self._block_pairs(job)
+        statuses, nbytes_by_rank = [], {}
+        t0 = time.monotonic()
+        for peer in producers:
+            pairs = head_pairs(ident.total_kv_heads, peer.meta.tp_size, peer.meta.tp_rank, ident.tp_size,
+                               ident.tp_rank, ident.replicated_heads)
+            batch = agent.plan(peer, False, blocks, pairs)
+            statuses.extend(batch.submit(agent.engine, read=True))
+            nbytes_by_rank[peer.meta.tp_rank] = batch.nbytes
+        reason, quiescent = await_statuses(agent.engine, statuses, agent.config.transfer_timeout_s)
+        if not quiescent:  # reads still land in our blocks: wait for the engine's own timeouts to end them
+            await_statuses(agent.engine, statuses, agent.config.tcp_op_timeout_ms / 1000 + 5)
+        ms = (time.monotonic() - t0) * 1000
+        with agent.lock:
+            ok = reason is None
+            self._notify_producers(recv, ok=ok, nbytes_by_rank=nbytes_by_rank if ok else {}, reason=reason or "")
+            self._finish(recv, ok, reason or "", nbytes=sum(nbytes_by_rank.values()), transfer_ms=ms)
+
+    def _request_writes(self, recv: _Recv, producers: List["Peer"]) -> None:
+        agent, job = self._agent, recv.job
+        block_ids, positions = [], []
+        for g, local in enumerate(job.local_block_ids):
+            n = min(agent.group_positions(g, job.num_prompt_tokens), len(local))
+            start = min(job.positions[g], n)
+            block_ids.append([int(b) for b in local[start:n]])
+            positions.append(start)
+        budget_ms = int(max(0.0, recv.deadline - time.monotonic() - agent.config.transfer_timeout_s) * 1000)
+        request = WriteRequest(
+            transfer_id=job.transfer_id, consumer=agent.metadata, block_ids=block_ids, positions=positions,
+            budget_ms=budget_ms,
+        )
+        with agent.lock:
+            if recv.result is not None:
+                return
+            for peer in producers:
+                agent.notifier.send(peer.meta.notify_host, peer.meta.notify_port, request)
+            recv.requested = True
+
+    def _release(self, job: RecvJob) -> None:
+        """Nothing to move (full local prefix hit, or aborted before allocation): free the producer's blocks."""
+        try:
+            producers = self._producers(job)
+        except HandshakeError as e:
+            logger.info("MoriSuiteConnector: could not release %s on the prefill (%s)", job.transfer_id, e)
+            return
+        ident = self._agent.identity
+        for peer in producers:
+            self._agent.notifier.send(
+                peer.meta.notify_host,
+                peer.meta.notify_port,
+                ConsumerDone(transfer_id=job.transfer_id, consumer_key=self._agent.engine_key,
+                             consumer_rank=ident.tp_rank, consumer_tp=ident.tp_size, ok=True, nbytes=0,
+                             reason="the decode needs no KV of this request"),
+            )
+
+    def _notify_producers(self, recv: _Recv, ok: bool, nbytes_by_rank: Dict[int, int], reason: str) -> None:
+        ident = self._agent.identity
+        for peer in recv.producers or []:
+            self._agent.notifier.send(
+                peer.meta.notify_host,
+                peer.meta.notify_port,
+                ConsumerDone(transfer_id=recv.job.transfer_id, consumer_key=self._agent.engine_key,
+                             consumer_rank=ident.tp_rank, consumer_tp=ident.tp_size, ok=ok,
+                             nbytes=nbytes_by_rank.get(peer.meta.tp_rank, 0), reason=reason[:4000]),
+            )
+
+    def _finish(self, recv: _Recv, ok: bool, reason: str, nbytes: int = 0, transfer_ms: float = 0.0) -> None:
+        """Record the outcome (lock held); the next :meth:`take_results` reports it."""
+        if recv.result is not None:
+            return
+        ok = ok and not recv.aborted
+        counters = self._agent.counters
+        if ok:
+            counters.add("bytes_received", nbytes)
+            counters.add("transfers_ok", 1)
+            counters.observe_ms(transfer_ms)
+        else:
+            counters.add("transfers_failed", 1)
+            if not recv.aborted:
+                logger.warning("MoriSuiteConnector: KV of request %s did not arrive: %s", recv.job.req_id, reason)
+        recv.result = RecvResult(
+            req_id=recv.job.req_id,
+            ok=ok,
+            aborted=recv.aborted,
+            mode=recv.job.mode,
+            nbytes=nbytes if ok else 0,
+            transfer_ms=transfer_ms,
+            wait_ms=(time.monotonic() - recv.started) * 1000,
+            reason=reason,
+        )

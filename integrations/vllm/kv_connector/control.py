@@ -1,0 +1,179 @@
+"""The connector's control plane: per-worker listener, notification sender, metadata fetch.
+
+One thread per worker serves two bound sockets (MoRIIO's two-port scheme): a ROUTER
+answering :class:`GetMeta` and a PULL receiving notifications. Every frame is bounded
+(``MAXMSGSIZE``) and decoded by the connector's codec; a bad or unauthenticated message
+is logged and dropped. Handlers run on this thread and must not block: anything slow is
+handed to the transfer threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Dict, Tuple
+
+import zmq
+
+from mori_integrations.common.control_codec import ControlCodec, ControlMessageError
+from mori_integrations.vllm.kv_connector.messages import AgentMetadata, GetMeta
+
+__all__ = ["ControlServer", "HandshakeError", "Notifier", "fetch_metadata"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 200  # the listener wakes this often to notice shutdown
+_SEND_HWM = 4096
+
+
+class HandshakeError(RuntimeError):
+    """A peer's metadata could not be obtained (unreachable, timed out, refused, invalid)."""
+
+
+class ControlServer:
+    """Serve GetMeta on ``handshake_port`` and notifications on ``notify_port`` (both bound on ``host``)."""
+
+    def __init__(
+        self,
+        codec: ControlCodec,
+        ctx: zmq.Context,
+        host: str,
+        handshake_port: int,
+        notify_port: int,
+        get_metadata: Callable[[], AgentMetadata],
+        on_notify: Callable[[Any], None],
+        name: str,
+    ) -> None:
+        self._codec = codec
+        self._get_metadata = get_metadata
+        self._on_notify = on_notify
+        self._stop = threading.Event()
+        self._router = ctx.socket(zmq.ROUTER)
+        self._pull = ctx.socket(zmq.PULL)
+        for sock in (self._router, self._pull):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, codec.max_frame_bytes)
+        try:
+            self._router.bind(f"tcp://{host}:{handshake_port}")
+            self._pull.bind(f"tcp://{host}:{notify_port}")
+        except zmq.ZMQError as e:
+            self._router.close(0)
+            self._pull.close(0)
+            raise RuntimeError(
+                f"MoriSuiteConnector cannot listen on {host}:{handshake_port} (handshake) / {notify_port} (notify): "
+                f"{e}. Ports are handshake_port/notify_port + dp_rank * tp_size + tp_rank; give each server "
+                "on a host its own base ports."
+            ) from e
+        self.address = (host, handshake_port, notify_port)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        while not self._stop.is_set():
+            try:
+                ready = dict(poller.poll(_POLL_MS))
+            except zmq.ZMQError:
+                if self._stop.is_set():
+                    return
+                logger.exception("MoriSuiteConnector control socket error")
+                continue
+            if self._router in ready:
+                self._serve_one(self._router, reply=True)
+            if self._pull in ready:
+                self._serve_one(self._pull, reply=False)
+
+    def _serve_one(self, sock: zmq.Socket, reply: bool) -> None:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        identity = None
+        if reply:
+            if len(frames) < 2:
+                return
+            identity, frames = frames[0], frames[1:]
+        try:
+            message = self._codec.decode(frames)
+            if reply:
+                if not isinstance(message, GetMeta):
+                    raise ControlMessageError(f"{type(message).__name__} sent to the handshake port")
+                sock.send_multipart([identity, *self._codec.encode(self._get_metadata())], zmq.NOBLOCK)
+            else:
+                self._on_notify(message)
+        except ControlMessageError as e:
+            logger.warning("MoriSuiteConnector: dropped a control message: %s", e)
+        except zmq.ZMQError as e:
+            logger.warning("MoriSuiteConnector: could not answer a handshake: %s", e)
+        except Exception:  # a bad message must not end the listener
+            logger.exception("MoriSuiteConnector: failed to handle a control message")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self._router.close(0)
+        self._pull.close(0)
+
+
+class Notifier:
+    """Send notifications to peers' notify ports (one cached PUSH socket per peer; never blocks)."""
+
+    def __init__(self, codec: ControlCodec, ctx: zmq.Context) -> None:
+        self._codec = codec
+        self._ctx = ctx
+        self._lock = threading.Lock()
+        self._sockets: Dict[Tuple[str, int], zmq.Socket] = {}
+
+    def send(self, host: str, port: int, message: Any) -> bool:
+        """Queue ``message`` for ``host:port``; False (logged) when it cannot be queued."""
+        frames = self._codec.encode(message)
+        with self._lock:
+            sock = self._sockets.get((host, port))
+            if sock is None:
+                sock = self._ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
+                sock.setsockopt(zmq.IMMEDIATE, 0)
+                sock.connect(f"tcp://{host}:{port}")
+                self._sockets[(host, port)] = sock
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+                return True
+            except zmq.ZMQError as e:
+                logger.warning("MoriSuiteConnector: notification to %s:%d dropped: %s", host, port, e)
+                return False
+
+    def close(self) -> None:
+        with self._lock:
+            for sock in self._sockets.values():
+                sock.close(0)
+            self._sockets.clear()
+
+
+def fetch_metadata(
+    codec: ControlCodec, ctx: zmq.Context, host: str, port: int, requester: str, timeout_s: float
+) -> AgentMetadata:
+    """Ask the worker listening on ``host:port`` for its metadata (bounded by ``timeout_s``)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, codec.max_frame_bytes)
+    try:
+        sock.connect(f"tcp://{host}:{port}")
+        sock.send_multipart(codec.encode(GetMeta(requester=requester)))
+        if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+            raise HandshakeError(
+                f"no answer from the KV connector at {host}:{port} within {timeout_s:g} s "
+                "(server down, wrong handshake_port, or a different shared secret?)"
+            )
+        message = codec.decode(sock.recv_multipart())
+    except ControlMessageError as e:
+        raise HandshakeError(f"invalid handshake answer from {host}:{port}: {e}") from None
+    except zmq.ZMQError as e:
+        raise HandshakeError(f"handshake with {host}:{port} failed: {e}") from None
+    finally:
+        sock.close(0)
+    if not isinstance(message, AgentMetadata):
+        raise HandshakeError(f"{host}:{port} answered the handshake with {type(message).__name__}")
+    return message

@@ -1,0 +1,177 @@
+"""The PD connector's worker side (``TransferAgent``) in separate processes, with vLLM-style KV.
+
+Used by ``python -m mori_core.bench vllm-pd --agents`` and by the tests that fake only
+vLLM's side (CPU over TCP, GPUs over XGMI). Each :class:`AgentProcess` hosts a real
+agent (IO engine, control plane, producer/consumer state machines) over KV views laid
+out like vLLM 0.30's ``allocate_kv_cache``: one int8 backing buffer, a 5D strided view
+``[layers, kernel blocks, heads, tokens, content]`` whose physical dim order is the KV
+cache layout (``LBHNC``, ``LBNHC``, ``BLHNC``) and a 4D view per layer. The test or
+benchmark plays vLLM's scheduler: it hands out block ids, send jobs and receive jobs.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import traceback
+from typing import Any, Dict, List
+
+from mori_core.bench.spawned import SpawnedProcess
+
+LAYOUTS = {"LBHNC": (0, 1, 2, 3, 4), "LBNHC": (0, 1, 3, 2, 4), "BLHNC": (1, 0, 2, 3, 4)}
+_POLL_S = 0.002
+
+
+def layer_names(num_layers: int) -> List[str]:
+    return [f"model.layers.{i}.self_attn.attn" for i in range(num_layers)]
+
+
+def make_kv_views(num_layers: int, num_blocks: int, heads: int, tokens: int, content: int, dtype: Any = None,
+                  layout: str = "LBHNC", device: str = "cpu", ratio: int = 1) -> Dict[str, Any]:
+    """Layer name -> 4D view ``[num_blocks * ratio, heads, tokens / ratio, content]``, one zeroed buffer."""
+    import torch
+
+    dtype = dtype or torch.float32
+    elem = torch.empty(0, dtype=dtype).element_size()
+    logical = [num_layers, num_blocks * ratio, heads, tokens // ratio, content * elem]
+    strides = [0] * 5
+    running = 1
+    for axis in reversed(LAYOUTS[layout]):
+        strides[axis] = running
+        running *= logical[axis]
+    buf = torch.zeros(running, dtype=torch.int8, device=device)
+    view5 = torch.as_strided(buf, logical, strides)
+    return {name: view5[i].view(dtype) for i, name in enumerate(layer_names(num_layers))}
+
+
+def block_heads(view: Any, blocks: List[int], ratio: int = 1) -> Any:
+    """Manager blocks of one layer as a host array ``[n, heads, tokens, content]`` (logical order)."""
+    import torch
+
+    parts = [view[b * ratio:(b + 1) * ratio].permute(1, 0, 2, 3).reshape(view.shape[1], -1, view.shape[3])
+             for b in blocks]
+    return torch.stack(parts).float().cpu().numpy()
+
+
+def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
+    import torch
+
+    from mori_integrations.vllm.kv_connector.agent import AgentIdentity, TransferAgent
+    from mori_integrations.vllm.kv_connector.config import ConnectorConfig
+
+    device = spec.get("device", "cpu")
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    ratio = spec.get("ratio", 1)
+    kv = make_kv_views(spec["layers"], spec["num_blocks"], spec["heads"], spec["tokens"], spec["content"],
+                       getattr(torch, spec.get("dtype", "float32")), spec.get("layout", "LBHNC"), device, ratio)
+    ident = AgentIdentity(engine_id=spec["engine_id"], tp_rank=spec["tp_rank"], tp_size=spec["tp_size"], dp_rank=0,
+                          total_kv_heads=spec["total_heads"], replicated_heads=False,
+                          group_block_sizes=[spec["tokens"]])
+    try:
+        agent = TransferAgent(ConnectorConfig.from_extra(spec["extra"]), ident, kv, {n: 0 for n in kv},
+                              spec["num_blocks"])
+    except Exception:
+        pipe.send(RuntimeError(traceback.format_exc()))
+        return
+    any_kv = next(iter(kv.values()))
+    collected: List[Any] = []
+
+    def wait_for(fn: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = fn()
+            if value or time.monotonic() > deadline:
+                return value
+            time.sleep(_POLL_S)
+
+    def results(arg: Any) -> List[Any]:
+        n, timeout = arg
+
+        def poll() -> bool:
+            collected.extend(agent.consumer.take_results())
+            return len(collected) >= n
+
+        wait_for(poll, timeout)
+        out = list(collected)
+        collected.clear()
+        return out
+
+    def fill(seed: int) -> None:
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        for view in kv.values():
+            view.copy_(torch.randn(view.shape, generator=g).to(view.dtype))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def send(arg: Any) -> None:
+        job, pipelined = arg
+        agent.producer.begin_step([job], [])
+        if pipelined:  # what vLLM's attention layers do while the forward runs
+            for name, view in kv.items():
+                agent.producer.on_layer_saved(name, view)
+        agent.producer.end_step(any_kv)
+
+    handlers = {
+        "info": lambda _: {"engine_key": agent.engine_key, "handshake_port": agent.handshake_port,
+                           "notify_port": agent.notify_port, "backends": agent.backends},
+        "fill": fill,
+        "read": lambda arg: block_heads(kv[arg[0]], arg[1], ratio),
+        "send": send,
+        "finish": lambda note: agent.producer.begin_step([], [note]),
+        "take_finished": lambda timeout: sorted(wait_for(agent.producer.take_finished, timeout)),
+        "recv": lambda job: agent.consumer.start([job]),
+        "results": results,
+        "abort": lambda req_ids: agent.consumer.abort(set(req_ids)),
+        "totals": lambda _: dict(agent.counters.totals),
+        "pending": lambda _: (agent.producer.has_pending(), agent.consumer.has_pending()),
+        "peer_routes": lambda _: agent.peer_routes(),
+    }
+    pipe.send("ready")
+    while True:
+        cmd, arg = pipe.recv()
+        if cmd == "stop":
+            agent.close()
+            pipe.send(True)
+            return
+        try:
+            pipe.send(handlers[cmd](arg))
+        except Exception:
+            pipe.send(RuntimeError(f"agent {spec['engine_id']} tp{spec['tp_rank']}: {cmd} failed:\n"
+                                   f"{traceback.format_exc()}"))
+
+
+class AgentProcess(SpawnedProcess):
+    """One worker's agent in a spawned process; :meth:`call` runs a command there (bounded).
+
+    ``spec`` keys: engine_id, tp_rank, tp_size, total_heads, layers, num_blocks, heads (local),
+    tokens (per block), content, extra (connector config); optional dtype, layout, device, ratio.
+    """
+
+    def __init__(self, spec: Dict[str, Any], start_timeout: float = 180.0, call_timeout: float = 120.0) -> None:
+        super().__init__(_serve, (spec,), start_timeout, call_timeout)
+        self.spec = spec
+        self.info = self.call("info")
+
+
+def free_port_block(n: int, tries: int = 200) -> int:
+    """A base port with ``base .. base+n-1`` free right now."""
+    for _ in range(tries):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65000:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+    raise RuntimeError(f"no block of {n} free ports found")

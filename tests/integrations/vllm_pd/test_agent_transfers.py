@@ -1,0 +1,59 @@
+"""The connector's worker side moving vLLM-layout KV between processes (CPU, TCP backend).
+
+Each "worker" is a real ``TransferAgent`` (IO engine, control plane, producer/consumer
+state machines) in its own process, with KV views laid out like vLLM's; only vLLM is
+faked (see :mod:`pd_cluster`). Bytes are compared head by head.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("zmq")
+pytest.importorskip("msgspec")
+
+from pd_cluster import Server, check_moved, transfer  # noqa: E402
+from mori_integrations.vllm.kv_connector.tp_mapping import heads_of_rank  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Dict[str, Server]]:
+    made: Dict[str, Server] = {}
+    try:
+        made["P"] = Server("prefill-tp1", 1)
+        made["P"].ranks[0].call("fill", 1)
+        made["P2"] = Server("prefill-tp2", 2)
+        for i, r in enumerate(made["P2"].ranks):
+            r.call("fill", 10 + i)
+        made["D"] = Server("decode-tp1", 1, layout="LBNHC")  # another layout than the prefills'
+        made["D2"] = Server("decode-tp2", 2)
+        yield made
+    finally:
+        for s in made.values():
+            s.close()
+
+
+@pytest.mark.parametrize("mode", ["write", "read"])
+@pytest.mark.parametrize("pair", ["P>D", "P2>D", "P>D2"])
+def test_kv_moves_between_tp_sizes_and_layouts(servers, mode: str, pair: str) -> None:
+    src, dst = (servers[k] for k in pair.split(">"))
+    before = [r.call("totals")["bytes_received"] for r in dst.ranks]
+    results, released, sb, db, req = transfer(src, dst, mode, n=5, skip=1, pipelined_race=(mode == "write"))
+    assert all(r.ok for r in results), results
+    assert released == [[req]] * src.tp, "the prefill must release the request once every decode rank is done"
+    check_moved(src, dst, sb[1:], db[1:])
+    assert dst.zero(db[:1]), "the decode's own prefix-cache block was overwritten"
+    moved = [r.call("totals")["bytes_received"] - b for r, b in zip(dst.ranks, before)]
+    heads_per_rank = len(heads_of_rank(src.shape.total_heads, dst.tp, 0))
+    assert moved == [4 * heads_per_rank * src.shape.head_block_bytes] * dst.tp
+    assert sum(r.nbytes for r in results) == sum(moved)
+
+
+def test_write_request_after_the_kv_was_computed(servers) -> None:
+    results, released, sb, db, req = transfer(servers["P"], servers["D"], "write", n=3, skip=0)
+    assert all(r.ok for r in results), results
+    check_moved(servers["P"], servers["D"], sb, db)
+    assert released == [[req]]

@@ -1,0 +1,191 @@
+"""Pure parts of the PD connector: config, request params, KV geometry, planning, TP mapping, codec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("msgspec")
+
+from mori_integrations.common.control_codec import ControlMessageError  # noqa: E402
+from mori_integrations.common.segments import PlanError  # noqa: E402
+from mori_integrations.vllm.kv_connector.agent import pair_blocks  # noqa: E402
+from mori_integrations.vllm.kv_connector.config import ConnectorConfig, rank_port  # noqa: E402
+from mori_integrations.vllm.kv_connector.layout import strided_runs  # noqa: E402
+from mori_integrations.vllm.kv_connector.messages import ConsumerDone, GetMeta, LayerLayout, make_codec  # noqa: E402
+from mori_integrations.vllm.kv_connector.params import (  # noqa: E402
+    ParamsError,
+    block_lists,
+    mode_of,
+    peer_of,
+    transfer_id_of,
+)
+from mori_integrations.vllm.kv_connector.planner import plan_layer, zip_runs  # noqa: E402
+from mori_integrations.vllm.kv_connector.tp_mapping import head_pairs, heads_of_rank  # noqa: E402
+
+MORIIO_EXTRA = {  # a MoRIIOConnector kv_connector_extra_config, keys unchanged
+    "handshake_port": 6301, "notify_port": 61005, "read_mode": True, "backend": "rdma", "qp_per_transfer": 2,
+    "post_batch_size": 64, "num_workers": 4, "transfer_timeout": 20, "defer_timeout": 90,
+    "recv_abort_timeout": 60, "host_ip": "10.1.2.3", "http_port": 8100, "proxy_ip": "10.0.0.9",
+    "proxy_ping_port": 36367,
+}
+
+
+def test_moriio_extra_config_is_accepted_unchanged() -> None:
+    c = ConnectorConfig.from_extra(MORIIO_EXTRA)
+    assert (c.handshake_port, c.notify_port, c.default_mode, c.backend) == (6301, 61005, "read", "rdma")
+    assert (c.rdma.qp_per_transfer, c.rdma.post_batch_size, c.rdma.num_worker_threads) == (2, 64, 4)
+    assert (c.transfer_timeout_s, c.defer_timeout_s, c.recv_abort_timeout_s) == (20, 90, 60)
+    assert (c.host_ip, c.http_port, c.proxy_ip, c.proxy_ping_port) == ("10.1.2.3", 8100, "10.0.0.9", 36367)
+    d = ConnectorConfig.from_extra({})
+    assert (d.handshake_port, d.notify_port, d.default_mode, d.backend) == (6301, 61005, "write", "auto")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"backend": "nccl"}, "['backend'] must be one of ['auto', 'tcp', 'xgmi', 'rdma']"),
+        ({"handshake_port": 70000}, "['handshake_port'] must be an int in [1, 65535], got 70000"),
+        ({"read_mode": "maybe"}, "['read_mode'] must be a bool"),
+        ({"transfer_timeout": 30, "recv_abort_timeout": 10}, "recv_abort_timeout (10 s) must exceed transfer_timeout"),
+        ({"proxy_ip": "10.0.0.1"}, "['proxy_ping_port'] must be set"),
+        ({"transfer_timeout": "soon"}, "['transfer_timeout'] must be a number"),
+    ],
+)
+def test_bad_config_names_key_and_limit(extra, message) -> None:
+    with pytest.raises(ValueError) as e:
+        ConnectorConfig.from_extra(extra)
+    assert message in str(e.value) and "MoriSuiteConnector" in str(e.value)
+
+
+def test_rank_ports_follow_moriio_and_are_bounded() -> None:
+    assert rank_port(6301, 1, 4, 2) == 6307
+    with pytest.raises(ValueError, match="outside"):
+        rank_port(65530, 2, 4, 3)
+
+
+def test_request_params() -> None:
+    assert transfer_id_of("cmpl-abc-0-1a2b3c4d", {}) == "abc"
+    assert transfer_id_of("x", {"transfer_id": "t"}) == "t"
+    with pytest.raises(ParamsError):
+        transfer_id_of("x", {"transfer_id": ""})
+    assert mode_of({}, "write") == "write" and mode_of({"transfer_mode": "read"}, "write") == "read"
+    peer = peer_of("r", {"remote_host": "h", "remote_handshake_port": "7000", "remote_notify_port": 7001,
+                         "remote_dp_rank": 1, "remote_tp_size": 4})
+    assert (peer.host, peer.handshake_port, peer.notify_port, peer.dp_rank, peer.tp_size_hint) == ("h", 7000, 7001, 1, 4)
+    routed = peer_of("___prefill_addr_host:10.0.0.1,handshake:6301,notify:61005___decode_addr_host:x,handshake:1,"
+                     "notify:2_" + "0" * 32, {})
+    assert (routed.host, routed.handshake_port, routed.notify_port) == ("10.0.0.1", 6301, 61005)
+    with pytest.raises(ParamsError, match="remote_host"):
+        peer_of("r", {})
+    with pytest.raises(ParamsError, match="port"):
+        peer_of("r", {"remote_host": "h", "remote_handshake_port": 0, "remote_notify_port": 1})
+    assert block_lists([3, 4], 1) == [[3, 4]] and block_lists([[3], [4, 5]], 2) == [[3], [4, 5]]
+    with pytest.raises(ParamsError, match="groups"):
+        block_lists([[3], [4]], 1)
+
+
+def test_strided_runs_merge_only_what_touches() -> None:
+    assert strided_runs((2, 3), (12, 4), 4) == [(0, 24)]  # dense
+    assert strided_runs((2, 3), (16, 4), 4) == [(0, 12), (16, 12)]  # padded rows
+    assert strided_runs((3, 2), (4, 12), 4) == [(0, 4), (12, 4), (4, 4), (16, 4), (8, 4), (20, 4)]  # transposed
+    with pytest.raises(ValueError, match="stride"):
+        strided_runs((2, 2), (-8, 4), 4)
+
+
+def test_zip_runs_cuts_at_both_sides_boundaries() -> None:
+    s, d, n = zip_runs([(0, 10), (20, 10)], [(100, 5), (105, 15)])
+    assert (s.tolist(), d.tolist(), n.tolist()) == ([0, 5, 20], [100, 105, 110], [5, 5, 10])
+    with pytest.raises(PlanError, match="differ in size"):
+        zip_runs([(0, 8)], [(0, 4)])
+
+
+def _layer(**over) -> LayerLayout:
+    base = dict(name="l", group=0, region=0, offset=1000, block_stride=64, head_stride=32, num_heads=2,
+                head_runs=[(0, 32)], block_runs=[(0, 64)], content="float32:4x2")
+    base.update(over)
+    return LayerLayout(**base)
+
+
+def test_plan_layer_merges_contiguous_blocks_and_slices_heads() -> None:
+    a = _layer()
+    lo, ro, sz = plan_layer(a, a, np.array([1, 2, 3, 7]), np.array([4, 5, 6, 0]), [(0, 0), (1, 1)])
+    assert (lo, ro, sz) == ([1064, 1448], [1256, 1000], [192, 64])
+    lo, ro, sz = plan_layer(a, _layer(num_heads=1, head_stride=32, block_stride=32, block_runs=[(0, 32)]),
+                            np.array([1, 2]), np.array([5, 6]), [(1, 0)])
+    assert (lo, ro, sz) == ([1096, 1160], [1160, 1192], [32, 32])  # contiguous only on the destination
+    with pytest.raises(PlanError, match="KV format differs"):
+        plan_layer(a, _layer(content="bfloat16:4x2"), np.array([1]), np.array([1]), [(0, 0)])
+
+
+def test_tp_head_mapping() -> None:
+    assert heads_of_rank(8, 2, 1) == [4, 5, 6, 7] and heads_of_rank(2, 4, 3) == [1]
+    assert head_pairs(8, 2, 1, 4, 2) == [(0, 0), (1, 1)]  # decode rank 2 holds heads 4,5 = prefill rank 1's first two
+    assert head_pairs(8, 2, 0, 4, 2) == []
+    assert head_pairs(2, 4, 3, 2, 1) == [(0, 0)] and head_pairs(2, 4, 2, 2, 1) == []  # replicas spread by decode rank
+    with pytest.raises(ValueError, match="cannot be sharded"):
+        heads_of_rank(6, 4, 0)
+
+
+def test_block_pairs_skip_unneeded_positions_and_refuse_dropped_ones() -> None:
+    s, d = pair_blocks([5, 6, 7, 8], [0, 0, 3, 4], null_block_id=0)  # sliding window: only the tail is needed
+    assert (s.tolist(), d.tolist()) == ([7, 8], [3, 4])
+    with pytest.raises(PlanError, match="no longer holds"):
+        pair_blocks([0, 6], [2, 3], null_block_id=0)
+    with pytest.raises(PlanError, match="expects 3 blocks"):
+        pair_blocks([1, 2], [1, 2, 3], null_block_id=0)
+
+
+def test_codec_authenticates_and_refuses_replays_and_strangers() -> None:
+    a, b, none = make_codec("s3cret"), make_codec("s3cret"), make_codec("")
+    frames = a.encode(GetMeta(requester="x"))
+    assert len(frames) == 4 and b.decode(frames) == GetMeta(requester="x")
+    with pytest.raises(ControlMessageError, match="replayed"):
+        b.decode(frames)
+    with pytest.raises(ControlMessageError, match="bad authentication"):
+        make_codec("other").decode(a.encode(GetMeta(requester="x")))
+    tampered = a.encode(ConsumerDone(transfer_id="t", consumer_key="k", consumer_rank=0, consumer_tp=1, ok=True, nbytes=1))
+    tampered[2] = tampered[2].replace(b"\x01", b"\x02", 1)
+    with pytest.raises(ControlMessageError):
+        b.decode(tampered)
+    with pytest.raises(ControlMessageError, match="no shared secret"):
+        none.decode(a.encode(GetMeta(requester="x")))
+    with pytest.raises(ControlMessageError, match="unauthenticated"):
+        b.decode(none.encode(GetMeta(requester="x")))
+    with pytest.raises(ControlMessageError, match="malformed"):
+        none.decode([frames[0], b"CDONE", b"\x93\x01"])
+
+
+def test_heartbeat_sends_moriio_registration_payload() -> None:
+    import msgspec
+    import zmq
+
+    from mori_integrations.vllm.kv_connector.heartbeat import ProxyHeartbeat
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    payload = {"type": "P", "http_address": "10.0.0.1:8100", "zmq_address": "host:10.0.0.1,handshake:6301,notify:61005",
+               "dp_size": 1, "tp_size": 2, "transfer_mode": "WRITE"}
+    beat = ProxyHeartbeat(ctx, "127.0.0.1", port, payload)
+    try:
+        assert router.poll(10_000), "no registration within 10 s"
+        _identity, body = router.recv_multipart()
+        assert msgspec.msgpack.decode(body) == payload
+    finally:
+        beat.close()
+        router.close(0)
+        ctx.term()
+    with pytest.raises(ValueError, match="http_port"):
+        ConnectorConfig.from_extra({"proxy_ip": "10.0.0.9", "proxy_ping_port": 36367})
+
+
+def test_layers_sharing_a_view_are_moved_once_per_group() -> None:
+    torch = pytest.importorskip("torch")
+    from mori_integrations.vllm.kv_connector.layout import describe_kv_caches
+
+    view = torch.zeros(4, 2, 8, 16)
+    layout = describe_kv_caches({"a": view, "b": view, "c": view}, {"a": 0, "b": 0, "c": 1}, num_blocks=4)
+    # b shares a's cache in the same group (cross-layer sharing); c overlays it in another group (hybrid allocator)
+    assert [(layer.name, layer.group) for layer in layout.layers] == [("a", 0), ("c", 1)]
+    assert len(layout.regions) == 1
