@@ -115,7 +115,8 @@ class StandardMoeMixin:
         if row_bytes % 16:
             raise ValueError(f"input rows must be a multiple of 16 bytes, got hidden {args.hidden_dim} x {input.element_size()} B")
         self._ensure_standard_moe()
-        p = self._launches.get("dispatch", args.num_tokens, block_num, warp_per_block)
+        # Sized as a dispatch of tokens x topk rows: every token is stored once per local expert.
+        p = self._launches.get("dispatch", args.num_tokens * cfg.num_experts_per_token, block_num, warp_per_block)
         self._launch_std(
             self._handle.launch_dispatch_standard_moe,
             input.data_ptr(),
@@ -175,7 +176,8 @@ class StandardMoeMixin:
         if ids.device != self.device or not ids.is_contiguous():
             raise ValueError(f"dispatch_out_topk_idx must be contiguous on {self.device}")
         self._ensure_standard_moe()
-        p = self._launches.get("dispatch", self._dispatch_tokens, block_num, warp_per_block)
+        rows = self._dispatch_tokens * cfg.num_experts_per_token  # copies per token, as dispatch_standard_moe
+        p = self._launches.get("dispatch", rows, block_num, warp_per_block)
         self._launch_std(
             self._handle.launch_convert_dispatch_output,
             x.data_ptr(), h * x.element_size(), int(x.shape[0]), ids.data_ptr(), p.block_num, p.warp_per_block, self._stream()
