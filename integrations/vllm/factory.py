@@ -103,6 +103,15 @@ def make_mori_prepare_finalize(
         )
     batched = wants_batched_layout(moe)
     if batched:
+        from mori_core.ops.config import IMPLEMENTED_KERNEL_TYPES, normalize_kernel_type
+
+        kernel = normalize_kernel_type(op.config.kernel_type)
+        if kernel not in IMPLEMENTED_KERNEL_TYPES:
+            raise ValueError(
+                f"all2all_backend='{BACKEND_NAME}': batched experts use MORI's standard-MoE layout, which the "
+                f"IntraNode kernels implement; this EP group runs {kernel.name} (it spans nodes). Use standard "
+                "experts (e.g. --moe-backend triton, VLLM_MORI_EP_BATCHED_EXPERTS unset)"
+            )
         logger.info_once("mori_ep: batched experts, tokens dispatched into the standard-MoE (3-D) layout")
     return MoriPrepareAndFinalize(
         exchange,

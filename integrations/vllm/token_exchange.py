@@ -114,16 +114,10 @@ class MoriEpTokenExchange:
         The received-token count is read on the host (one device sync): vLLM's standard experts
         take exactly the valid rows, not the operator's capacity-sized buffers.
         """
-        self._check_tokens(hidden_states, topk_ids, topk_weights)
+        m = self._check_tokens(hidden_states, topk_ids, topk_weights)
         ids = topk_ids.to(torch.int32).contiguous()
         weights = topk_weights.to(torch.float32).contiguous()
-        tokens = hidden_states.contiguous()
-        out_dtype = None
-        if scales is None and self.transport_fp8 and tokens.dtype.itemsize > 1:
-            out_dtype = tokens.dtype
-            tokens, scales = quant.quantize_rows(tokens, self.transport_groups)
-        if scales is not None:
-            scales = scales.to(torch.float32).contiguous()
+        tokens, scales, out_dtype = self._transport(hidden_states, scales, m)
 
         self._pre_dispatch_ids = ids
         recv, recv_weights, recv_scales, recv_ids, total_recv = self.op.dispatch(tokens, weights, scales, ids)
@@ -161,13 +155,7 @@ class MoriEpTokenExchange:
         m = self._check_tokens(hidden_states, topk_ids, topk_weights)
         ids = topk_ids.to(torch.int32).contiguous()
         weights = None if topk_weights is None else topk_weights.to(torch.float32).contiguous()
-        tokens = hidden_states.contiguous()
-        out_dtype = None
-        if scales is None and self.transport_fp8 and tokens.dtype.itemsize > 1:
-            out_dtype = tokens.dtype
-            tokens, scales = quant.quantize_rows(tokens, self.transport_groups)
-        if scales is not None:
-            scales = scales.to(torch.float32).reshape(m, int(self.op.config.scale_dim)).contiguous()
+        tokens, scales, out_dtype = self._transport(hidden_states, scales, m)
         self._pre_dispatch_ids = ids
         packed, count, _, _ = self.op.dispatch_standard_moe(tokens, weights, scales, ids)
         check_error = getattr(self.op, "check_error", None)
@@ -194,6 +182,20 @@ class MoriEpTokenExchange:
         combined = self.op.combine_standard_moe(rows, None, ids)[0][:m]
         self._pre_dispatch_ids = None
         return _deliver(combined, expert_output.dtype, out)
+
+    def _transport(
+        self, hidden_states: torch.Tensor, scales: Optional[torch.Tensor], m: int
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.dtype]]:
+        """Rows and float32 ``[m, scale_dim]`` scales to dispatch, and the dtype to dequantise the
+        received rows back to (FP8 transport of unquantised activations; else None)."""
+        tokens = hidden_states.contiguous()
+        out_dtype = None
+        if scales is None and self.transport_fp8 and tokens.dtype.itemsize > 1:
+            out_dtype = tokens.dtype
+            tokens, scales = quant.quantize_rows(tokens, self.transport_groups)
+        if scales is not None:
+            scales = scales.to(torch.float32).reshape(m, int(self.op.config.scale_dim)).contiguous()
+        return tokens, scales, out_dtype
 
     def _check_tokens(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
                       topk_weights: Optional[torch.Tensor]) -> int:

@@ -164,3 +164,29 @@ def rank_inputs(
 def unique_dest_ranks(indices_row: list[int], num_experts: int, experts_per_rank: int) -> list[int]:
     """Sorted unique destination ranks of one token (the oracle's independent definition)."""
     return sorted({e // experts_per_rank for e in indices_row if 0 <= e < num_experts})
+
+
+def visible_gpus() -> int:
+    """CUDA devices torch sees (0 without a driver)."""
+    try:
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def need_gpus(world: int) -> None:
+    """Skip the calling test unless ``world`` GPUs are visible."""
+    import pytest
+
+    if visible_gpus() < world:
+        pytest.skip(f"needs {world} GPUs, {visible_gpus()} visible")
+
+
+def init_shmem_default() -> None:
+    """In a rank: register the default process group as "default" and initialise mori shmem on it."""
+    import torch.distributed as dist
+
+    import mori_core.shmem as shmem
+
+    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    shmem.shmem_torch_process_group_init("default")

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 import torch
 
-from ep_dist_utils import make_routing, run_ranks
+from ep_dist_utils import init_shmem_default, make_routing, need_gpus, run_ranks
 
 pytestmark = [pytest.mark.gpu]  # multi-GPU tests carry pytest.mark.multigpu themselves
 
@@ -23,26 +23,8 @@ NUM_EXPERTS = 256
 TOPK = 8
 
 
-def _visible_gpus() -> int:
-    try:
-        return torch.cuda.device_count()
-    except Exception:
-        return 0
-
-
-def _need(world: int) -> None:
-    if _visible_gpus() < world:
-        pytest.skip(f"needs {world} GPUs, {_visible_gpus()} visible")
-
-
-# ----------------------------------------------------------------------------- helpers (run in ranks)
-def _init_shmem() -> None:
-    import torch.distributed as dist
-
-    import mori_core.shmem as shmem
-
-    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
-    shmem.shmem_torch_process_group_init("default")
+_need = need_gpus
+_init_shmem = init_shmem_default  # (run in ranks)
 
 
 def _config(rank, world, hidden, max_tok, scale_dim=0, max_total_recv=0, push=True, max_type=4):

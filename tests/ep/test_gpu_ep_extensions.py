@@ -25,32 +25,15 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-from ep_dist_utils import make_routing, run_ranks
+from ep_dist_utils import init_shmem_default, make_routing, need_gpus, run_ranks
 
 pytestmark = [pytest.mark.gpu]  # the 2-GPU variants carry pytest.mark.multigpu themselves
 
 WORLDS = [1, pytest.param(2, marks=pytest.mark.multigpu)]
 
 
-def _visible_gpus() -> int:
-    try:
-        return torch.cuda.device_count()
-    except Exception:
-        return 0
-
-
-def _need(world: int) -> None:
-    if _visible_gpus() < world:
-        pytest.skip(f"needs {world} GPUs, {_visible_gpus()} visible")
-
-
-def _init_shmem() -> None:
-    import torch.distributed as dist
-
-    import mori_core.shmem as shmem
-
-    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
-    shmem.shmem_torch_process_group_init("default")
+_need = need_gpus
+_init_shmem = init_shmem_default  # (run in ranks)
 
 
 def _config(rank, world, hidden, max_tok, epr, topk, scale_dim=0, max_type=2, quant="none", push=True):

@@ -35,7 +35,7 @@ def _oracle_fp8_value(row: torch.Tensor, quant: str) -> torch.Tensor:
     return out
 
 
-def _fp8_roundtrip(rank: int, world: int, quant: str, push: bool) -> None:
+def _fp8_roundtrip(rank: int, world: int, quant: str, push: bool, empty_rank: int = -1) -> None:
     epr, topk, max_tok = 3, 3, 16
     cfg = EpDispatchCombineConfig(
         data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=0, scale_type_size=4,
@@ -43,7 +43,7 @@ def _fp8_roundtrip(rank: int, world: int, quant: str, push: bool) -> None:
         num_experts_per_token=topk, use_external_inp_buf=push, quant_type=quant,
     )
     op = ReferenceEpDispatchCombineOp(cfg)
-    counts = [max_tok - 3 * r for r in range(world)]
+    counts = [0 if r == empty_rank else max_tok - 3 * r for r in range(world)]  # an empty rank sends nothing
     data = [rank_inputs(21, r, counts[r], HIDDEN, epr * world, topk, torch.bfloat16) for r in range(world)]
     mine = data[rank]
     out, out_w, _, _, total = op.dispatch(mine["x"], mine["weights"], None, mine["indices"])
@@ -72,17 +72,18 @@ def _fp8_roundtrip(rank: int, world: int, quant: str, push: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    "world,quant,push",
+    "world,quant,push,empty_rank",
     [
-        (1, "fp8_blockwise", True),
-        (2, "fp8_direct_cast", True),
-        (2, "fp8_blockwise", False),
-        (4, "fp8_blockwise", True),
-        (4, "fp8_direct_cast", False),
+        (1, "fp8_blockwise", True, -1),
+        (1, "fp8_blockwise", False, 0),  # nothing received: 0 rows to quantise
+        (2, "fp8_direct_cast", True, -1),
+        (2, "fp8_blockwise", False, 1),
+        (4, "fp8_blockwise", True, 2),
+        (4, "fp8_direct_cast", False, -1),
     ],
 )
-def test_reference_fp8_combine_numerics(world: int, quant: str, push: bool) -> None:
-    run_ranks(_fp8_roundtrip, world, backend="gloo", timeout=240, quant=quant, push=push)
+def test_reference_fp8_combine_numerics(world: int, quant: str, push: bool, empty_rank: int) -> None:
+    run_ranks(_fp8_roundtrip, world, backend="gloo", timeout=240, quant=quant, push=push, empty_rank=empty_rank)
 
 
 def test_encoded_row_layout_and_link_bytes() -> None:
@@ -102,6 +103,7 @@ def test_encoded_row_layout_and_link_bytes() -> None:
     for i in range(3):
         assert torch.equal(back[i], _oracle_fp8_value(rows[i], "fp8_blockwise"))
     assert torch.equal(decode_rows(encode_rows(rows, 1), HIDDEN, 1)[2], _oracle_fp8_value(rows[2], "fp8_direct_cast"))
+    assert encode_rows(rows[:0], 2).shape == (0, 2 * HIDDEN) and decode_rows(encode_rows(rows[:0], 2), HIDDEN, 2).numel() == 0
     assert link_bytes_per_row(7168, 2, 0) == 14336
     assert link_bytes_per_row(7168, 2, 1) == 7168
     assert link_bytes_per_row(7168, 2, 2) == 7168 + 4 * 56

@@ -67,15 +67,16 @@ struct RowSplit {
 template <int kQuant>
 __device__ __forceinline__ void QuantizeRow(const int4* src, uint8_t* dst_row, int row_bytes, int v0b, int v1, int lane) {
   using VT = VecTraits<Bf16Tag>;
-  for (int v0 = v0b; v0 < v1; v0 += kWarpSize * kQuantUnroll) {
-    int4 x[kQuantUnroll];
+  constexpr int kU = 8;  // vectors per lane in flight (only the loads are held across the loop)
+  for (int v0 = v0b; v0 < v1; v0 += kWarpSize * kU) {
+    int4 x[kU];
 #pragma unroll
-    for (int u = 0; u < kQuantUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int v = v0 + lane + u * kWarpSize;
       if (v < v1) x[u] = LoadStream(src + v);
     }
 #pragma unroll
-    for (int u = 0; u < kQuantUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int v = v0 + lane + u * kWarpSize;
       float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (v < v1) VT::Unpack(x[u], f);

@@ -17,7 +17,7 @@
 
 namespace mori::ep::dev {
 
-constexpr int kQuantUnroll = 4;  // quantised / summed rows: fp32 values per vector in registers
+constexpr int kQuantUnroll = 4;  // summed rows: vectors per lane (their fp32 sums stay in registers)
 
 // Position of bit `idx` among the set bits of a bitmap with per-word exclusive prefix counts.
 __device__ __forceinline__ int BitRank(const uint32_t* bits, const int32_t* prefix, int idx) {

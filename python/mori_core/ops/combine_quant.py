@@ -70,14 +70,25 @@ def encode_rows(rows: torch.Tensor, quant: int) -> torch.Tensor:
     if quant == 1:
         out[:, :h] = _to_e4m3(x).view(torch.uint8)
         return out
-    blocks = x.view(n, h // FP8_BLOCK, FP8_BLOCK)
-    amax = blocks.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    inv = 1.0 / scale
+    nb = h // FP8_BLOCK
+    blocks = x.view(n, nb, FP8_BLOCK)
+    scale, inv = block_scales(blocks.abs().amax(dim=-1))
     q = _to_e4m3(blocks * inv.unsqueeze(-1)).view(n, h)
     out[:, :h] = q.view(torch.uint8)
-    out[:, h : h + 4 * (h // FP8_BLOCK)] = scale.contiguous().view(torch.uint8).view(n, -1)
+    out[:, h : h + 4 * nb] = scale.contiguous().view(torch.uint8).view(n, 4 * nb)
     return out
+
+
+def block_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scale, 1 / scale)`` of blocks with maximum magnitude ``amax``, as the kernels compute them.
+
+    Both are correctly rounded float32 divisions (the kernels' ``div.rn`` / ``rcp.rn``). They are
+    computed on the CPU: torch's CUDA division by a scalar multiplies by its reciprocal, which
+    can differ in the last bit and move a value to the neighbouring e4m3 step."""
+    a = amax.detach().to("cpu", torch.float32)
+    scale = torch.where(a > 0, a / torch.tensor(FP8_MAX), torch.ones_like(a))
+    inv = torch.tensor(1.0) / scale
+    return scale.to(amax.device), inv.to(amax.device)
 
 
 def decode_rows(data: torch.Tensor, hidden: int, quant: int) -> torch.Tensor:

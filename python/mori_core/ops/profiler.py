@@ -133,6 +133,8 @@ class ProfilerMixin:
         Raises:
             RuntimeError: in builds without ``MORI_ENABLE_PROFILER``.
         """
+        if not hasattr(self._handle, "debug_time_buf"):
+            raise NotImplementedError(f"the kernel profiler covers the IntraNode kernels, not {self.config.kernel_type}")
         ptr, nbytes = self._handle.debug_time_buf()
         if not ptr:
             raise RuntimeError(PROFILER_BUILD_HINT)
@@ -142,4 +144,5 @@ class ProfilerMixin:
 
     def reset_debug_time_buf(self) -> None:
         """Clear the recorded events (synchronises the device; no-op without the profiler)."""
-        self._handle.reset_debug_time_buf()
+        if hasattr(self._handle, "reset_debug_time_buf"):
+            self._handle.reset_debug_time_buf()

@@ -42,9 +42,18 @@ class StandardMoeMixin:
     _std_scale_dtype: Optional[torch.dtype] = None
 
     # ------------------------------------------------------------------ buffers
+    def _require_standard_moe_kernels(self) -> None:
+        """The layout is built by the IntraNode kernels; the inter-node op (a subclass) has none."""
+        if not hasattr(self._handle, "ensure_standard_moe"):
+            raise NotImplementedError(
+                f"the standard-MoE layout (dispatch_standard_moe / combine_standard_moe / converters) is implemented "
+                f"for the IntraNode kernels, not for kernel_type {self.config.kernel_type}"
+            )
+
     def _ensure_standard_moe(self) -> dict:
         """Allocate the layout's buffers on first use (collective) and return their byte views."""
         if self._std_bufs is None:
+            self._require_standard_moe_kernels()
             from mori_core import shmem
             from mori_core.ops.dispatch_combine import _byte_view
 
@@ -97,6 +106,7 @@ class StandardMoeMixin:
         written; ``get_dispatch_src_token_pos`` and ``combine`` (with rows from
         :meth:`convert_combine_input`) still work.
         """
+        self._require_standard_moe_kernels()
         self.check_error(synchronize=False)
         check_launch_overrides(block_num, rdma_block_num, warp_per_block)
         cfg = self.config
@@ -105,7 +115,8 @@ class StandardMoeMixin:
         if row_bytes % 16:
             raise ValueError(f"input rows must be a multiple of 16 bytes, got hidden {args.hidden_dim} x {input.element_size()} B")
         self._ensure_standard_moe()
-        p = self._launches.get("dispatch", args.num_tokens, block_num, warp_per_block)
+        # Sized as a dispatch of tokens x topk rows: every token is stored once per local expert.
+        p = self._launches.get("dispatch", args.num_tokens * cfg.num_experts_per_token, block_num, warp_per_block)
         self._launch_std(
             self._handle.launch_dispatch_standard_moe,
             input.data_ptr(),
@@ -138,6 +149,7 @@ class StandardMoeMixin:
             dispatch_out_topk_idx: ``[rows, topk]`` int32 ids of those rows (``dispatch(...)[3]``).
         Scales of the dispatch are laid out too (:meth:`get_packed_recv_scales`).
         """
+        self._require_standard_moe_kernels()
         self.check_error(synchronize=False)
         check_launch_overrides(block_num, -1, warp_per_block)
         if self._dispatch_tokens is None:
@@ -164,7 +176,8 @@ class StandardMoeMixin:
         if ids.device != self.device or not ids.is_contiguous():
             raise ValueError(f"dispatch_out_topk_idx must be contiguous on {self.device}")
         self._ensure_standard_moe()
-        p = self._launches.get("dispatch", self._dispatch_tokens, block_num, warp_per_block)
+        rows = self._dispatch_tokens * cfg.num_experts_per_token  # copies per token, as dispatch_standard_moe
+        p = self._launches.get("dispatch", rows, block_num, warp_per_block)
         self._launch_std(
             self._handle.launch_convert_dispatch_output,
             x.data_ptr(), h * x.element_size(), int(x.shape[0]), ids.data_ptr(), p.block_num, p.warp_per_block, self._stream()
@@ -205,6 +218,7 @@ class StandardMoeMixin:
         ``packed_recv_layout_range`` are accepted for MORI's signature and not read (the op knows
         the layout of its current dispatch). Needs a standard-MoE layout of the current dispatch.
         """
+        self._require_standard_moe_kernels()
         self.check_error(synchronize=False)
         check_launch_overrides(block_num, -1, warp_per_block)
         if self._dispatch_tokens is None:
@@ -240,6 +254,7 @@ class StandardMoeMixin:
         Returns ``(out [max_num_inp_token_per_rank, hidden], None)`` (a view; rows
         ``[0, num_tokens)`` valid).
         """
+        self._require_standard_moe_kernels()
         self.check_error(synchronize=False)
         check_launch_overrides(block_num, rdma_block_num, warp_per_block)
         if self._dispatch_tokens is None:

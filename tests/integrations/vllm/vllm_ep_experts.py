@@ -38,15 +38,8 @@ def dequantize_activations(x: torch.Tensor, scale: Optional[torch.Tensor]) -> to
     return quant.dequantize_rows(x, scale.reshape(x.shape[0], -1), torch.float32)
 
 
-class TorchExperts(mk.FusedMoEExpertsModular):
-    """Reference experts that apply the gating weights and reduce over top-k themselves."""
-
-    reduce_in_finalize = False
-    quantize_themselves = False  # expects_unquantized_inputs: quantise per the quant config here
-
-    @staticmethod
-    def activation_format() -> mk.FusedMoEActivationFormat:
-        return mk.FusedMoEActivationFormat.Standard
+class _AcceptsEverything:
+    """The support predicates vLLM's oracles query: these reference experts take any scheme."""
 
     @staticmethod
     def _supports_current_device() -> bool:
@@ -67,6 +60,18 @@ class TorchExperts(mk.FusedMoEExpertsModular):
     @staticmethod
     def _supports_parallel_config(moe_parallel_config) -> bool:  # noqa: ANN001 - vLLM signature
         return True
+
+
+class TorchExperts(_AcceptsEverything, mk.FusedMoEExpertsModular):
+    """Reference experts that apply the gating weights and reduce over top-k themselves."""
+
+    reduce_in_finalize = False
+    quantize_themselves = False  # expects_unquantized_inputs: quantise per the quant config here
+
+    @staticmethod
+    def activation_format() -> mk.FusedMoEActivationFormat:
+        return mk.FusedMoEActivationFormat.Standard
+
 
     @property
     def expects_unquantized_inputs(self) -> bool:
@@ -142,7 +147,7 @@ class TorchExpertsQuantizingThemselves(TorchExperts):
     quantize_themselves = True
 
 
-class TorchBatchedExperts(mk.FusedMoEExpertsModular):
+class TorchBatchedExperts(_AcceptsEverything, mk.FusedMoEExpertsModular):
     """Reference experts in vLLM's batched format: unweighted outputs per (expert, row); the
     prepare/finalize applies the gating weights in its combine (``TopKWeightAndReduceDelegate``)."""
 
@@ -150,25 +155,6 @@ class TorchBatchedExperts(mk.FusedMoEExpertsModular):
     def activation_format() -> mk.FusedMoEActivationFormat:
         return mk.FusedMoEActivationFormat.BatchedExperts
 
-    @staticmethod
-    def _supports_current_device() -> bool:
-        return True
-
-    @staticmethod
-    def _supports_no_act_and_mul() -> bool:
-        return False
-
-    @staticmethod
-    def _supports_quant_scheme(weight_key, activation_key) -> bool:  # noqa: ANN001 - vLLM signature
-        return True
-
-    @staticmethod
-    def _supports_activation(activation: MoEActivation) -> bool:
-        return activation == MoEActivation.SILU
-
-    @staticmethod
-    def _supports_parallel_config(moe_parallel_config) -> bool:  # noqa: ANN001 - vLLM signature
-        return True
 
     def workspace_shapes(
         self,
