@@ -52,7 +52,7 @@ for s in $STAGES; do
     probe)
       { echo "nvshmem lib: $NVSH_LIB"; ls -l /dev/gdrdrv 2>&1; grep -i gdrdrv /proc/modules 2>&1; ldconfig -p | grep -i -E "gdrapi|libucp|libibverbs" ;
         command -v ucx_info && ucx_info -v && ucx_info -d | grep -E "Memory domain|Transport|Device" | head -40;
-        echo "libucx wheel lib: ${UCX_WHEEL_LIB:-none}"; ldd "$NVSH_LIB/nvshmem_transport_ucx.so.7";
+        echo "libucx wheel lib: ${UCX_WHEEL_LIB:-none}"; ls "$NVSH_LIB"; ldd "$NVSH_LIB"/nvshmem_transport_ucx.so.*;
         [ -n "$UCX_WHEEL_LIB" ] && LD_LIBRARY_PATH=$UCX_WHEEL_LIB "$UCX_WHEEL_LIB/../bin/ucx_info" -d | grep -E "Memory domain|Transport" | head -30;
         command -v ibv_devices && ibv_devices; ip -brief addr; nvidia-smi topo -m;
         $PY -c "import mori_core; print(mori_core.build_info())"; } > "$OUT/probe.log" 2>&1
