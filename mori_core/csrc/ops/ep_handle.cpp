@@ -1,9 +1,9 @@
 #include "ops/ep_handle.hpp"
 
 #include <cstring>
-#include <sstream>
 
 #include "common/error.hpp"
+#include "ops/ep_error_text.hpp"
 #include "ops/ep_profiler_phases.hpp"
 #include "shmem/gpu_ext.hpp"
 #include "shmem/shmem_state.hpp"
@@ -328,54 +328,13 @@ std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::Buffers() cons
 
 std::string EpHandle::ErrorMessage() const {
   if (!host_error_) return "";
-  const volatile EpErrorRecord* e = host_error_;
-  const int32_t code = e->code;
-  if (code == kErrNone) return "";
-  std::ostringstream os;
-  const int rank = cfg_.rank;
-  const char* phase = PhaseName(e->phase);
-  switch (code) {
-    case kErrTimeout:
-      os << "EP " << phase << " on rank " << rank << " timed out after " << cfg_.timeout_ms
-         << " ms waiting for peer rank " << e->peer << " (expected round " << e->a << ", last seen " << e->b
-         << "): that rank never reached this " << phase
-         << "; is it alive and calling dispatch/combine the same number of times? (timeout: MORI_EP_TIMEOUT_MS)";
-      break;
-    case kErrSendOverflow:
-      os << "EP dispatch on rank " << rank << ": rank " << e->peer << " ran out of receive capacity (slot " << e->a
-         << " >= " << e->b << "); rows beyond it were dropped; raise max_total_recv_tokens";
-      break;
-    case kErrRecvOverflow:
-      os << "EP dispatch on rank " << rank << ": " << e->a << " tokens were sent to this rank, capacity is " << e->b
-         << "; rows beyond it were dropped and total_recv was clamped; raise max_total_recv_tokens";
-      break;
-    case kErrCombineRows:
-      os << "EP combine on rank " << rank << ": input has " << e->b << " rows but dispatch received " << e->a
-         << " tokens; pass at least total_recv rows";
-      break;
-    case kErrCombineWeightRows:
-      os << "EP combine on rank " << rank << ": weights have " << e->b << " rows but dispatch received " << e->a
-         << " tokens; pass at least total_recv rows";
-      break;
-    case kErrRoutingMismatch:
-      os << "EP combine on rank " << rank << ": indices of token " << e->a << " route to rank mask 0x" << std::hex
-         << (static_cast<uint64_t>(e->b) >> 32) << " but dispatch sent it to 0x" << (static_cast<uint64_t>(e->b) & 0xffffffffu)
-         << std::dec << "; pass this rank's own routing indices from dispatch";
-      break;
-    case kErrStdStale:
-      os << "EP " << phase << " on rank " << rank << ": no standard-MoE layout of the current dispatch (round "
-         << e->b << ", layout of round " << e->a
-         << "); call dispatch_standard_moe() or convert_dispatch_output() after dispatch() first";
-      break;
-    case kErrConvertRows:
-      os << "EP convert_dispatch_output on rank " << rank << ": given " << e->b << " rows but dispatch received "
-         << e->a << " tokens; pass the dispatch outputs (at least total_recv rows)";
-      break;
-    default:
-      os << "EP kernel on rank " << rank << " reported error code " << code;
-  }
-  os << " [the operator is now unusable; recreate it on every rank]";
-  return os.str();
+  const EpErrorRecord e = ReadErrorRecord(host_error_);
+  if (e.code == kErrNone) return "";
+  EpErrorContext c;
+  c.rank = cfg_.rank;
+  c.timeout_ms = cfg_.timeout_ms;
+  c.phase = PhaseName(e.phase);
+  return DescribeEpError(e, c);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 
 #include <cstring>
 #include <map>
-#include <sstream>
 
 #include "common/error.hpp"
 #include "common/gpu_runtime.hpp"
+#include "ops/ep_error_text.hpp"
 #include "ops/internode/internode_kernels.hpp"
 #include "ops/internode/nvshmem_runtime.hpp"
 
@@ -320,46 +320,14 @@ std::vector<std::tuple<std::string, uintptr_t, size_t>> InterNodeHandle::Buffers
 
 std::string InterNodeHandle::ErrorMessage() const {
   if (!host_error_) return "";
-  const volatile EpErrorRecord* e = host_error_;
-  const int32_t code = e->code;
-  if (code == kErrNone) return "";
-  std::ostringstream os;
-  const int rank = cfg_.rank;
-  const char* phase = PhaseName(e->phase);
-  switch (code) {
-    case kErrTimeout:
-      os << "EP " << phase << " on rank " << rank << " timed out after " << cfg_.timeout_ms
-         << " ms waiting for peer rank " << e->peer << " (node " << e->peer / cfg_.gpu_per_node << ", expected round "
-         << e->a << ", last seen " << e->b << "): that rank never reached this phase"
-         << "; is it alive and calling dispatch/combine the same number of times? (timeout: MORI_EP_TIMEOUT_MS)";
-      break;
-    case kErrSendOverflow:
-      os << "EP " << phase << " on rank " << rank << ": rank " << e->peer << " ran out of receive capacity (slot "
-         << e->a << " >= " << e->b << "); rows beyond it were dropped; raise max_total_recv_tokens";
-      break;
-    case kErrRecvOverflow:
-      os << "EP " << phase << " on rank " << rank << ": " << e->a << " rows arrived (from rank " << e->peer
-         << "), capacity is " << e->b << "; rows beyond it were dropped; raise max_total_recv_tokens";
-      break;
-    case kErrCombineRows:
-      os << "EP combine on rank " << rank << ": input has " << e->b << " rows but dispatch received " << e->a
-         << " tokens; pass at least total_recv rows";
-      break;
-    case kErrCombineWeightRows:
-      os << "EP combine on rank " << rank << ": weights have " << e->b << " rows but dispatch received " << e->a
-         << " tokens; pass at least total_recv rows";
-      break;
-    case kErrRoutingMismatch:
-      os << "EP combine on rank " << rank << ": indices of token " << e->a << " route to rank mask 0x" << std::hex
-         << (static_cast<uint64_t>(e->b) >> 32) << " but dispatch sent it to 0x"
-         << (static_cast<uint64_t>(e->b) & 0xffffffffu) << std::dec
-         << " (low 32 ranks shown); pass this rank's own routing indices from dispatch";
-      break;
-    default:
-      os << "EP kernel on rank " << rank << " reported error code " << code;
-  }
-  os << " [the operator is now unusable; recreate it on every rank]";
-  return os.str();
+  const EpErrorRecord e = ReadErrorRecord(host_error_);
+  if (e.code == kErrNone) return "";
+  EpErrorContext c;
+  c.rank = cfg_.rank;
+  c.timeout_ms = cfg_.timeout_ms;
+  c.phase = PhaseName(e.phase);
+  c.gpu_per_node = cfg_.gpu_per_node;
+  return DescribeEpError(e, c);
 }
 
 }  // namespace mori::ep::inter
