@@ -335,7 +335,6 @@ def _nccl_baseline(idx: Any, n: int, x: Any, cfg: Any, args: argparse.Namespace,
 def run(args: argparse.Namespace) -> int:
     """Spawn the ranks, gather per-rank rows, print the tables."""
     import torch
-    import torch.multiprocessing as mp
 
     from mori_core.bench.table import print_table
 
@@ -349,27 +348,8 @@ def run(args: argparse.Namespace) -> int:
     if world < 1:
         print("ep benchmark: no GPU visible")
         return 2
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    per_rank: dict[int, list[dict]] = {}
-    errors = []
-    for _ in range(world):
-        rank, rows, err = q.get(timeout=3600)
-        per_rank[rank] = rows
-        if err:
-            errors.append(f"rank {rank}:\n{err}")
-    for p in procs:
-        p.join(timeout=60)
-    if errors:
-        print("\n".join(errors))
+    per_rank = spawn_ranks(_rank_main, world, args)
+    if per_rank is None:
         return 1
     breakdown = {r: [x for x in rows if x.get("table") == "breakdown"] for r, rows in per_rank.items()}
     per_rank = {r: [x for x in rows if x.get("table") != "breakdown"] for r, rows in per_rank.items()}
@@ -414,6 +394,36 @@ def run(args: argparse.Namespace) -> int:
             json.dump({"world": world, "device": name, "args": vars(args), "rows": merged, "per_rank": per_rank,
                        "host_breakdown": breakdown}, f, indent=1)
     return 0
+
+
+def spawn_ranks(rank_main: Any, world: int, args: argparse.Namespace) -> Optional[dict[int, list[dict]]]:
+    """Run ``rank_main(rank, world, port, args, queue)`` in one spawned process per GPU and gather
+    each rank's rows (the EP benchmarks' driver). Returns None after printing the ranks' errors."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    per_rank: dict[int, list[dict]] = {}
+    errors = []
+    for _ in range(world):
+        rank, rows, err = q.get(timeout=3600)
+        per_rank[rank] = rows
+        if err:
+            errors.append(f"rank {rank}:\n{err}")
+    for p in procs:
+        p.join(timeout=60)
+    if errors:
+        print("\n".join(errors))
+        return None
+    return per_rank
 
 
 def _merge(per_rank: dict[int, list[dict]]) -> list[dict]:

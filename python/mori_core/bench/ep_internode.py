@@ -14,25 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 import traceback
 from typing import Any
 
-from mori_core.bench.ep import DTYPES, _merge, _nccl_baseline, _routing, _time_graph
-
-
-def _host_us(fn: Any, iters: int) -> float:
-    """Median host time of one call (launch cost; the GPU runs behind)."""
-    import torch
-
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times)
+from mori_core.bench.ep import DTYPES, _measure, _merge, _nccl_baseline, _routing, spawn_ranks
 
 
 def _network_rows(idx: Any, cfg: Any, gpn: int) -> int:
@@ -75,7 +60,6 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
             dist.barrier()
 
         rows: list[dict] = []
-        eager = argparse.Namespace(**{**vars(args), "no_graph": True})
         for kind in kinds:
             cfg = EpDispatchCombineConfig(
                 data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=args.hidden,
@@ -100,12 +84,8 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
                     net_rows = _network_rows(idx, cfg, gpn if kind != "IntraNode" else world)
                     fn = lambda: op.dispatch(x, w, scales, idx, block_num=args.dispatch_block_num,
                                              warp_per_block=args.dispatch_warp_per_block)
-                    for timing, a in (("graph", args), ("eager", eager)):
-                        us = _time_graph(fn, a, sync)
-                        rows.append(dict(kernel=f"{kind} dispatch", dtype=dname, tokens=n, recv=recv,
-                                         net_rows=net_rows, us=us, timing=timing,
-                                         bytes=recv * args.hidden * x.element_size()))
-                    rows[-1]["host_us"] = _host_us(fn, args.iters)
+                    rows.append(_measure(fn, args, sync, kernel=f"{kind} dispatch", dtype=dname, tokens=n,
+                                         recv=recv, net_rows=net_rows, bytes=recv * args.hidden * x.element_size()))
                 # combine (bf16, zero-copy), after a bf16 dispatch so the routing matches
                 out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
                 torch.cuda.synchronize()
@@ -114,15 +94,12 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
                 reg = op.get_registered_combine_input_buffer(torch.bfloat16)
                 fn = lambda: op.combine(reg, out_w, idx, block_num=args.combine_block_num,
                                         warp_per_block=args.combine_warp_per_block, use_external_inp_buf=0)
-                for timing, a in (("graph", args), ("eager", eager)):
-                    us = _time_graph(fn, a, sync)
-                    rows.append(dict(kernel=f"{kind} combine", dtype="bf16", tokens=n, recv=recv, net_rows=net_rows,
-                                     us=us, timing=timing, bytes=recv * args.hidden * 2))
-                rows[-1]["host_us"] = _host_us(fn, args.iters)
+                rows.append(_measure(fn, args, sync, kernel=f"{kind} combine", dtype="bf16", tokens=n, recv=recv,
+                                     net_rows=net_rows, bytes=recv * args.hidden * 2))
                 op.check_error()
                 if not args.no_nccl and kind == kinds[-1]:
                     for r in _nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev):
-                        rows.append({**r, "net_rows": 0, "timing": "eager"})
+                        rows.append({**r, "net_rows": 0})
             sync()
             op.close()
         shmem.shmem_finalize()
@@ -137,10 +114,8 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
 def run_internode(args: argparse.Namespace) -> int:
     """Spawn the ranks, gather per-rank rows and print one table (MORI's byte convention)."""
     import json
-    import socket
 
     import torch
-    import torch.multiprocessing as mp
 
     from mori_core.bench.table import print_table
 
@@ -148,47 +123,26 @@ def run_internode(args: argparse.Namespace) -> int:
     if world < 1:
         print("ep benchmark: no GPU visible")
         return 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    per_rank: dict[int, list[dict]] = {}
-    errors = []
-    for _ in range(world):
-        rank, rows, err = q.get(timeout=3600)
-        per_rank[rank] = rows
-        if err:
-            errors.append(f"rank {rank}:\n{err}")
-    for p in procs:
-        p.join(timeout=60)
-    if errors:
-        print("\n".join(errors))
+    per_rank = spawn_ranks(_rank_main, world, args)
+    if per_rank is None:
         return 1
-    for r in per_rank.values():
-        for row in r:
-            row.setdefault("blocks", 0)
-            row.setdefault("warps", 0)
-            row.setdefault("mode", row.get("timing", "-"))
     merged = _merge(per_rank)
     gpn = args.gpu_per_node or world
     title = (f"EP{world} ({world // gpn} node(s) x {gpn} GPU) on {torch.cuda.get_device_name(0)}: hidden "
              f"{args.hidden}, top-{args.topk} of {args.experts}, uniform routing; network transport: "
              f"{os.environ.get('NVSHMEM_REMOTE_TRANSPORT', 'NVSHMEM default')}"
              f"{' (P2P off)' if os.environ.get('NVSHMEM_DISABLE_P2P') == '1' else ''}")
-    headers = ["kernel", "timing", "dtype", "tokens", "recv/rank", "net rows", "latency us", "host us/call",
+    headers = ["kernel", "dtype", "tokens", "recv/rank", "net rows", "eager us (median)", "host us/call", "graph us",
                "total GB/s", "NVLink GB/s", "network GB/s"]
     table = []
     for m in merged:
         frac = m["net_rows"] / m["recv"] if m.get("recv") else 0.0
-        table.append([m["kernel"], m.get("timing", "-"), m["dtype"], m["tokens"], round(m["recv"]),
-                      round(m.get("net_rows", 0)), m["us"], m.get("host_us", "-"), m["gbps"],
-                      m["gbps"] * (1 - frac), m["gbps"] * frac])
+        graph = m["graph_us"] if m["graph_us"] is not None else "-"
+        table.append([m["kernel"], m["dtype"], m["tokens"], round(m["recv"]), round(m.get("net_rows", 0)),
+                      m["eager_us"], m["host_us"], graph, m["gbps"], m["gbps"] * (1 - frac), m["gbps"] * frac])
     print_table(title, headers, table,
-                note="GB/s = received rows (incl. own) x hidden x element size / time, mean over ranks; "
+                note="GB/s from the graph time (eager for NCCL) = received rows (incl. own) x hidden x element size / "
+                     "time, mean over ranks; "
                      "network GB/s = total x network rows / rows received (MORI's RDMA BW; network rows are "
                      "node-deduplicated, i.e. what crosses the NIC)")
     if args.json:
