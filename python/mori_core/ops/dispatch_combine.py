@@ -129,14 +129,9 @@ class EpDispatchCombineOp(StandardMoeMixin, ProfilerMixin):
         )
         # Every rank must have placed the op's buffers at the same heap offset, and all ranks
         # must have zeroed them before any peer writes: one collective check does both.
-        shmem.verify_symmetric(f"ep_op_offset", self._handle.heap_offset())
+        shmem.verify_symmetric("ep_op_offset", self._handle.heap_offset())
         self._handle.set_combine_quant(combine_quant)
-        bufs = {name: _byte_view(ptr, size, self.device) for name, (ptr, size) in self._handle.buffers().items()}
-        self._bufs = bufs
-        self._max_recv = config.max_num_tokens_to_recv()
-        self._total_recv = bufs["total_recv"].view(torch.int32)[:1]
-        self._src_pos = bufs["src_pos"].view(torch.int32)
-        self.local_expert_count = torch.zeros(config.num_experts_per_rank, dtype=torch.int32, device=self.device)
+        bufs = self._adopt_buffers(config)
         self.launch_config_mode = launch_mode()
         self._sm_count = int(self._handle.sm_count)
         self._arch_major = int(self._handle.arch_major)
@@ -165,12 +160,23 @@ class EpDispatchCombineOp(StandardMoeMixin, ProfilerMixin):
         self._dispatch_rows: dict[tuple[torch.dtype, int], RowBuffer] = {}
         self._combine_rows: dict[tuple[torch.dtype, int], RowBuffer] = {}
         self._scale_views: dict[torch.dtype, torch.Tensor] = {}
-        self._registered_views: dict[tuple[torch.dtype, int], torch.Tensor] = {}
         self._push_default = bool(config.use_external_inp_buf)
         self._max_tok = config.max_num_inp_token_per_rank
         self._topk = topk
         self._scale_dim = config.scale_dim
         self._scale_size = config.scale_type_size
+
+    def _adopt_buffers(self, config: EpDispatchCombineConfig) -> dict[str, torch.Tensor]:
+        """Byte views of the handle's buffers and the state every op type shares over them
+        (receive count, source positions, local expert counts, registered-input views)."""
+        bufs = {name: _byte_view(ptr, size, self.device) for name, (ptr, size) in self._handle.buffers().items()}
+        self._bufs = bufs
+        self._max_recv = config.max_num_tokens_to_recv()
+        self._total_recv = bufs["total_recv"].view(torch.int32)[:1]
+        self._src_pos = bufs["src_pos"].view(torch.int32)
+        self.local_expert_count = torch.zeros(config.num_experts_per_rank, dtype=torch.int32, device=self.device)
+        self._registered_views: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        return bufs
 
     # ------------------------------------------------------------------ sizes
     def max_num_tokens_to_recv(self) -> int:

@@ -49,7 +49,6 @@ from mori_core.ops.dispatch_combine import (
     DEFAULT_TIMEOUT_MS,
     TIMEOUT_ENV,
     EpDispatchCombineOp,
-    _byte_view,
     gpu_ops_available,
 )
 from mori_core.ops.call_cache import typed_view as _typed_view
@@ -226,11 +225,7 @@ class InterNodeEpDispatchCombineOp(EpDispatchCombineOp):
         from mori_core import _C
 
         shmem.verify_symmetric("ep_internode_offset", self._ipc - int(_C.shmem_heap_info()["base"]))
-        self._bufs = {name: _byte_view(ptr, size, self.device) for name, (ptr, size) in self._handle.buffers().items()}
-        self._max_recv = config.max_num_tokens_to_recv()
-        self._total_recv = self._bufs["total_recv"].view(torch.int32)[:1]
-        self._src_pos = self._bufs["src_pos"].view(torch.int32)
-        self.local_expert_count = torch.zeros(config.num_experts_per_rank, dtype=torch.int32, device=self.device)
+        self._adopt_buffers(config)
         self.launch_config_mode = launch_mode()
         self._dispatch_tokens: Optional[int] = None
         self._pending_dispatch: Optional[tuple[int, int]] = None
