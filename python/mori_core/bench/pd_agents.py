@@ -11,6 +11,7 @@ benchmark plays vLLM's scheduler: it hands out block ids, send jobs and receive 
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 import traceback
@@ -154,14 +155,28 @@ class AgentProcess(SpawnedProcess):
         self.info = self.call("info")
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for automatically assigned ports (connect(), bind to port 0)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(v) for v in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port_block(n: int, tries: int = 200) -> int:
-    """A base port with ``base .. base+n-1`` free right now."""
+    """A base port with ``base .. base+n-1`` free right now.
+
+    Picked at random below the kernel's ephemeral range: a port found free by binding port 0
+    lies inside that range, so any other process's outgoing connection or ``bind(0)`` (vLLM and
+    torch open many while a server starts) may take it before our server binds it. Ports
+    outside the range are only ever taken by someone asking for them explicitly."""
+    lo, _ = _ephemeral_range()
+    low, high = (10000, lo - 1) if lo > 10000 + 2 * n else (lo, 65000)
+    rng = random.Random()
     for _ in range(tries):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65000:
-            continue
+        base = rng.randrange(low, high - n)
         socks = []
         try:
             for i in range(n):
