@@ -23,7 +23,7 @@ FLAGS=(-std=c++17 -O2 -Wall -Wno-unused-parameter -DMORI_WITH_GPU=1 -DMORI_WITH_
 status=0
 for f in mori_core/csrc/ops/ep_dispatch.cu mori_core/csrc/ops/ep_combine.cu mori_core/csrc/ops/ep_combine_bf16.cu mori_core/csrc/ops/ep_combine_fp32.cu mori_core/csrc/ops/ep_launch_probe.cu \
          mori_core/csrc/ops/ep_combine_fp8.cu mori_core/csrc/ops/ep_combine_std.cu mori_core/csrc/ops/ep_standard_moe.cu \
-         mori_core/csrc/io/p2p/scatter_copy.cu; do
+         mori_core/csrc/io/p2p/scatter_copy.cu mori_core/csrc/io/p2p/copy_proxy.cu; do
   echo "hipcc --offload-arch=$ARCH $f"
   hipcc -x hip --offload-arch="$ARCH" "${FLAGS[@]}" -c "$f" -o "$OUTDIR/$(basename "$f").o" || status=1
 done

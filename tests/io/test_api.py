@@ -79,6 +79,7 @@ def test_config_defaults_match_mori():
     assert (r.qp_per_transfer, r.post_batch_size, r.num_worker_threads, r.enable_notification, r.notif_per_qp) == (1, -1, -1, True, 1024)
     x = XgmiBackendConfig()
     assert (x.num_streams, x.num_events) == (64, 64)
+    assert (x.proxy_blocks, x.proxy_max_bytes, x.proxy_idle_us) == (0, 1 << 20, 500)  # ours; off by default
     c = IOEngineConfig()
     assert (c.host, c.port) == ("", 0)
     t = TcpBackendConfig(num_connections=2)
@@ -95,6 +96,25 @@ def test_bad_tcp_config_names_the_field(kwargs, match):
     e = IOEngine("badcfg", IOEngineConfig("127.0.0.1", 0))
     with pytest.raises(ValueError, match=match):
         e.create_backend(BackendType.TCP, TcpBackendConfig(**kwargs))
+
+
+@pytest.mark.skipif(not mori_core.build_info()["gpu"], reason="the XGMI backend is compiled only in GPU builds")
+@pytest.mark.parametrize("kwargs,env,match", [
+    (dict(proxy_blocks=-1), {}, r"XgmiBackendConfig\.proxy_blocks=-1 must be in \[0, 64\]"),
+    (dict(proxy_blocks=65), {}, r"XgmiBackendConfig\.proxy_blocks=65 must be in \[0, 64\]"),
+    (dict(proxy_blocks=4, proxy_max_bytes=100), {}, r"XgmiBackendConfig\.proxy_max_bytes=100 must be in \[4096, "),
+    (dict(proxy_blocks=4, proxy_idle_us=5), {}, r"XgmiBackendConfig\.proxy_idle_us=5 must be in \[10, "),
+    (dict(), {"MORI_IO_XGMI_PROXY_BLOCKS": "99"}, r"MORI_IO_XGMI_PROXY_BLOCKS=99 must be in \[0, 64\]"),
+    (dict(), {"MORI_IO_XGMI_PROXY_IDLE_US": "0"}, r"MORI_IO_XGMI_PROXY_IDLE_US=0 must be in \[10, "),
+])
+def test_bad_xgmi_proxy_config_names_the_setting(monkeypatch, kwargs, env, match):
+    """Checked before anything else when the backend is created (so also without a GPU)."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    e = IOEngine("badproxy", IOEngineConfig("127.0.0.1", 0))
+    with pytest.raises(ValueError, match=match):
+        e.create_backend(BackendType.XGMI, XgmiBackendConfig(**kwargs))
+    assert BackendType.XGMI not in e.backends()
 
 
 def test_register_memory_validation():

@@ -130,4 +130,5 @@ def test_io_profile_stamps_are_ordered(initiator, target):
         _C.io_profile(False)
     assert st.WaitFor(20_000) == StatusCode.SUCCESS
     assert t0 <= p["enter"] <= p["converted"] <= p["validated"] <= p["submitted"] <= t1, p
+    assert p["path"] == "none"  # TCP: no GPU engine involved
     initiator.deregister_memory(local.desc)

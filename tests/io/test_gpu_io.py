@@ -4,6 +4,8 @@ Run on the GPU machine (tools/gpu_check.sh); skipped elsewhere with a reason.
 Two processes on two GPUs, two processes on one GPU, CPU<->GPU; read/write x
 engine/session x single/batch; 1 B .. 64 MiB; 64 and 1,024 scattered pages;
 sub-allocated tensors; 10,000 back-to-back transfers with checksums; faults.
+Every XGMI case runs twice: with launches, and with the resident copy proxy
+(XgmiBackendConfig.proxy_blocks) taking what fits it.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from mori_core import _C  # noqa: E402
 from mori_core.io import (  # noqa: E402
     BackendType,
     IOEngine,
     IOEngineConfig,
     MemoryDesc,
     StatusCode,
+    XgmiBackendConfig,
 )
 
 from io_gpu_peer import GpuTarget  # noqa: E402
@@ -32,10 +36,13 @@ def _two_gpus() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 
-def _initiator(key: str, backends=("TCP",), auto_xgmi: bool = True) -> IOEngine:
+def _initiator(key: str, backends=("TCP",), auto_xgmi: bool = True, xgmi: XgmiBackendConfig | None = None) -> IOEngine:
     e = IOEngine(key, IOEngineConfig(host="127.0.0.1", port=0, enable_auto_xgmi=auto_xgmi))
     for b in backends:
-        e.create_backend(getattr(BackendType, b))
+        if b == "XGMI" and xgmi is not None:
+            e.create_backend(BackendType.XGMI, xgmi)
+        else:
+            e.create_backend(getattr(BackendType, b))
     return e
 
 
@@ -44,15 +51,28 @@ def _rand(n: int, device: str, seed: int) -> "torch.Tensor":
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device)
 
 
-@pytest.fixture(scope="module", params=["2gpu", "1gpu"])
-def xgmi_pair(request):
-    if request.param == "2gpu" and not _two_gpus():
+def _pair(param: str, xgmi: XgmiBackendConfig | None):
+    if param.startswith("2gpu") and not _two_gpus():
         pytest.skip("needs 2 GPUs")
-    tdev = 1 if request.param == "2gpu" else 0
-    target = GpuTarget(f"xgmi-target-{request.param}", backends=("XGMI", "TCP"))
-    init = _initiator(f"xgmi-init-{request.param}", backends=("XGMI", "TCP"))
+    tdev = 1 if param.startswith("2gpu") else 0
+    target = GpuTarget(f"xgmi-target-{param}", backends=("XGMI", "TCP"))
+    init = _initiator(f"xgmi-init-{param}", backends=("XGMI", "TCP"), xgmi=xgmi)
     init.register_remote_engine(target.desc)
     target.call("remote", init.get_engine_desc().pack())
+    return init, target, tdev
+
+
+@pytest.fixture(scope="module", params=["2gpu", "1gpu", "2gpu-proxy", "1gpu-proxy"])
+def xgmi_pair(request):
+    init, target, tdev = _pair(request.param, XgmiBackendConfig(proxy_blocks=4) if "proxy" in request.param else None)
+    yield init, target, tdev
+    target.close()
+
+
+@pytest.fixture(scope="module", params=["2gpu-p", "1gpu-p"])
+def proxy_pair(request):
+    """A copy proxy that leaves after 200 us idle (the cases below watch it come and go)."""
+    init, target, tdev = _pair(request.param, XgmiBackendConfig(proxy_blocks=4, proxy_idle_us=200))
     yield init, target, tdev
     target.close()
 
@@ -280,6 +300,170 @@ def test_xgmi_dead_peer_does_not_hang():
     code = st.WaitFor(10_000)
     assert code != StatusCode.IN_PROGRESS and time.monotonic() - t0 < 10
     init.deregister_remote_engine(target.desc)  # closes the mapping of the dead peer
+
+
+def _path_of(submit) -> tuple[object, str]:
+    """Submits (``submit()`` returns a status) and says which XGMI engine took it."""
+    _C.io_profile(True)
+    try:
+        st = submit()
+        path = _C.io_profile_last()["path"]
+    finally:
+        _C.io_profile(False)
+    return st, path
+
+
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_xgmi_proxy_takes_what_fits_and_launches_the_rest(proxy_pair, op):
+    """At most 64 segments and proxy_max_bytes (1 MiB) go to the resident grid;
+    65 segments or 2 MiB are launched, 64 MiB segments use copy engines. Every
+    byte is checked."""
+    init, target, tdev = proxy_pair
+    span = 160 << 20
+    name = f"proxy-routes-{op}"
+    rm = target.alloc(name, span, tdev)
+    payload = _rand(span, "cuda:0", 5)
+    local = torch.full((span,), 0xA5, dtype=torch.uint8, device="cuda:0")
+    lm = init.register_torch_tensor(local)
+    sess = init.create_session(lm, rm)
+    if op == "write":
+        local.copy_(payload)
+        target.call("fill", (name, 0x5A))
+    else:
+        target.call("put", (name, 0, payload.cpu().numpy().tobytes()))
+    torch.cuda.synchronize()
+    page = 8192
+    # segments 2 pages apart (never merged), remote offsets reversed; no two cases overlap at either end
+    cases = [
+        ("one 8 KiB", [7 << 19], [64 << 20], [page], "proxy"),
+        ("64 x 8 KiB", [i * 2 * page for i in range(64)], [(65 << 20) + (63 - i) * 2 * page for i in range(64)],
+         [page] * 64, "proxy"),
+        ("65 x 8 KiB", [(2 << 20) + i * 2 * page for i in range(65)],
+         [(67 << 20) + (64 - i) * 2 * page for i in range(65)], [page] * 65, "kernel"),
+        ("1 MiB, unaligned", [(4 << 20) + 3], [(70 << 20) + 5], [1 << 20], "proxy"),
+        ("2 MiB", [6 << 20], [72 << 20], [2 << 20], "kernel"),
+        ("64 MiB", [16 << 20], [80 << 20], [64 << 20], "copy_engines"),
+    ]
+    f = sess.batch_write if op == "write" else sess.batch_read
+    for what, lo, ro, sizes, expected in cases:
+        st, path = _path_of(lambda: f(lo, ro, sizes, sess.allocate_transfer_uid()))
+        assert st.WaitFor(30_000) == StatusCode.SUCCESS, (what, st.Message())
+        assert path == expected, (what, path)
+    torch.cuda.synchronize()
+    host = payload.cpu()
+    got = (torch.frombuffer(bytearray(target.call("get", (name, 0, span))), dtype=torch.uint8) if op == "write"
+           else local.cpu())
+    for what, lo, ro, sizes, _ in cases:
+        for a, b, n in zip(lo, ro, sizes):
+            dst, src = (b, a) if op == "write" else (a, b)
+            assert torch.equal(got[dst:dst + n], host[src:src + n]), what
+    init.deregister_memory(lm)
+    target.call("free", name)
+
+
+def _synchronize_returns(timeout: float = 5.0) -> bool:
+    """torch.cuda.synchronize() in a thread: True if it returned (the resident grid left)."""
+    import threading
+
+    t = threading.Thread(target=torch.cuda.synchronize, daemon=True)
+    t.start()
+    t.join(timeout)
+    return not t.is_alive()
+
+
+def test_xgmi_proxy_leaves_when_idle_and_comes_back(proxy_pair):
+    """The grid leaves after proxy_idle_us, so a device-wide synchronize returns;
+    the next transfer brings it back. 300 writes in flight overflow the 64-entry
+    ring into launches without losing any."""
+    init, target, tdev = proxy_pair
+    n, seg = 300, 4096
+    name = "proxy-idle"
+    rm = target.alloc(name, 2 * n * seg, tdev)
+    src = _rand(n * seg, "cuda:0", 11)
+    lm = init.register_torch_tensor(src)
+    sess = init.create_session(lm, rm)
+    for rnd in range(3):
+        st, path = _path_of(lambda: sess.write(0, rnd * seg, seg, sess.allocate_transfer_uid()))
+        assert st.WaitFor(10_000) == StatusCode.SUCCESS, st.Message()
+        assert path == "proxy"
+        time.sleep(0.01)  # 50x the idle limit
+        assert _synchronize_returns(), "torch.cuda.synchronize() still waits: the copy proxy did not leave"
+    paths = []
+    statuses = []
+    _C.io_profile(True)
+    try:
+        for i in range(n):
+            statuses.append(sess.write(i * seg, n * seg + (n - 1 - i) * seg, seg, sess.allocate_transfer_uid()))
+            paths.append(_C.io_profile_last()["path"])
+    finally:
+        _C.io_profile(False)
+    assert init.wait_all(statuses, 30_000) == StatusCode.SUCCESS, [s.Message() for s in statuses if s.Failed()][:3]
+    assert "proxy" in paths
+    remote = bytes(target.call("get", (name, 0, 2 * n * seg)))
+    host = src.cpu().numpy().tobytes()
+    for r in range(3):
+        assert remote[r * seg:(r + 1) * seg] == host[:seg]
+    expected = b"".join(host[(n - 1 - j) * seg:(n - j) * seg] for j in range(n))
+    assert remote[n * seg:] == expected, f"{sum(p == 'proxy' for p in paths)} of {n} writes went to the proxy"
+    init.deregister_memory(lm)
+    target.call("free", name)
+
+
+def test_xgmi_proxy_mixed_sizes_in_flight(proxy_pair):
+    """Entries one block serves alone (4 KiB) between entries every block serves
+    (256 KiB = 64 pieces), 128 in flight at a time, 640 in all: the ring wraps
+    ten times while blocks skip entries; every byte is checked."""
+    init, target, tdev = proxy_pair
+    sizes = [4096 if i % 2 else 256 << 10 for i in range(640)]
+    offs = [0]
+    for n in sizes[:-1]:
+        offs.append(offs[-1] + n)
+    total = offs[-1] + sizes[-1]
+    name = "proxy-mixed"
+    rm = target.alloc(name, total, tdev)
+    target.call("fill", (name, 0))
+    src = _rand(total, "cuda:0", 21)
+    lm = init.register_torch_tensor(src)
+    sess = init.create_session(lm, rm)
+    statuses = []
+    for off, n in zip(offs, sizes):
+        statuses.append(sess.write(off, total - off - n, n, sess.allocate_transfer_uid()))
+        if len(statuses) >= 128:
+            assert init.wait_all(statuses, 30_000) == StatusCode.SUCCESS
+            statuses.clear()
+    assert init.wait_all(statuses, 30_000) == StatusCode.SUCCESS
+    remote = bytes(target.call("get", (name, 0, total)))
+    host = src.cpu().numpy().tobytes()
+    for off, n in zip(offs, sizes):
+        assert remote[total - off - n:total - off] == host[off:off + n], (off, n)
+    init.deregister_memory(lm)
+    target.call("free", name)
+
+
+def test_xgmi_proxy_engine_closed_while_resident(proxy_pair):
+    """An engine torn down right after a proxied transfer (grid still resident)
+    stops its grid: nothing keeps spinning on the GPU afterwards."""
+    import gc
+
+    _, target, tdev = proxy_pair
+    rm = target.alloc("proxy-close", 1 << 20, tdev)
+    local = _rand(1 << 20, "cuda:0", 3)
+    for i in range(3):
+        e = _initiator(f"proxy-close-{i}", backends=("XGMI",),
+                       xgmi=XgmiBackendConfig(proxy_blocks=2, proxy_idle_us=10_000_000))
+        e.register_remote_engine(target.desc)
+        lm = e.register_torch_tensor(local)
+        st = e.create_session(lm, rm).write(0, 0, 1 << 20, 1)
+        assert st.WaitFor(10_000) == StatusCode.SUCCESS, st.Message()
+        # (idle limit 10 s: only the teardown can make the grid leave within 5 s)
+        if i == 0:
+            e.remove_backend(BackendType.XGMI)
+        del e, lm, st
+        gc.collect()
+        assert _synchronize_returns(), "a closed engine's copy proxy is still resident"
+    got = torch.frombuffer(bytearray(target.call("get", ("proxy-close", 0, 1 << 20))), dtype=torch.uint8)
+    assert torch.equal(got, local.cpu())
+    target.call("free", "proxy-close")
 
 
 @pytest.mark.parametrize("size", [1, 4096, 1 << 20, 64 << 20], ids=["1B", "4KiB", "1MiB", "64MiB"])

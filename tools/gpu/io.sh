@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU section of MORI-IO (~3 min on 2 GPUs, ~2 min on 1): the XGMI benchmark
-# with the cost breakdown, a one-stream variant, the XGMI + TCP-with-GPU-memory
+# GPU section of MORI-IO (~5 min on 2 GPUs, ~3 min on 1): the XGMI benchmark
+# with the cost breakdown, a one-stream variant, the copy-proxy variants, the XGMI + TCP-with-GPU-memory
 # tests, the TCP-with-GPU-memory benchmark, and last the XGMI summary table
 # (latency, host time per call, same-run baselines).
 # With one GPU the XGMI benchmark runs between two processes on that GPU (CUDA
@@ -25,8 +25,12 @@ run() {  # run <name> <timeout s> <command...>: output to $OUT/<name>.md; a stag
 XGMI="python3 -m mori_core.bench io --backend xgmi --batch 64 --target-device $tdev --no-progress"
 run bench_io_xgmi 100 $XGMI --sizes 8K,128K,1M --large 64M --iters 50 --breakdown
 run bench_io_xgmi_1stream 45 $XGMI --op write --sizes 8K,128K --large '' --iters 50 --xgmi-streams 1
+# The resident copy proxy (opt-in): same matrix, transfers <= 1 MiB / 64 segments skip the launch.
+for pb in ${IO_PROXY_BLOCKS:-8 16}; do
+  run bench_io_xgmi_proxy$pb 100 $XGMI --sizes 8K,128K,1M --large '' --iters 50 --breakdown --xgmi-proxy-blocks $pb
+done
 echo "=== io: pytest tests/io/test_gpu_io.py ($(date +%T))"
-timeout 170 python3 -m pytest tests/io/test_gpu_io.py -q -p no:cacheprovider --timeout 120 -rfs 2>&1 \
+timeout 300 python3 -m pytest tests/io/test_gpu_io.py -q -p no:cacheprovider --timeout 120 -rfs 2>&1 \
   | tee "$OUT/test_gpu_io.log" | grep -v "^SKIPPED" | tail -n 25
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 run bench_io_tcp_gpu 45 python3 -m mori_core.bench io --backend tcp --mem gpu --op write --sizes 1M --batch 16 \
@@ -40,4 +44,9 @@ echo "--- XGMI"; cat "$OUT/io_setup.txt" | head -1
 sed -n '/^### write: latency per iteration/,/^backend/p;/^### one large write/,/^backend/p' "$OUT/bench_io_xgmi.md"
 sed -n '/^### where one session/,/^to C++/p' "$OUT/bench_io_xgmi.md"
 sed -n '/^### summary/,$p' "$OUT/bench_io_xgmi.md"
+for pb in ${IO_PROXY_BLOCKS:-8 16}; do
+  echo "--- XGMI + copy proxy of $pb blocks"
+  sed -n '/^### where one session/,/^to C++/p' "$OUT/bench_io_xgmi_proxy$pb.md"
+  sed -n '/^### summary/,$p' "$OUT/bench_io_xgmi_proxy$pb.md"
+done
 exit $rc

@@ -208,18 +208,29 @@ void RegisterIo(py::module_& m) {
       .def_readwrite("max_msg_sge", &RdmaBackendConfig::maxMsgSge);
 
   py::class_<XgmiBackendConfig, BackendConfig>(m, "XgmiBackendConfig", "Configuration of BackendType.XGMI.")
-      .def(py::init([](int streams, int events, bool notify) {
+      .def(py::init([](int streams, int events, bool notify, int proxyBlocks, int64_t proxyMaxBytes,
+                       int64_t proxyIdleUs) {
              XgmiBackendConfig c;
              c.numStreams = streams;
              c.numEvents = events;
              c.enableNotification = notify;
+             c.proxyBlocks = proxyBlocks;
+             c.proxyMaxBytes = proxyMaxBytes;
+             c.proxyIdleUs = proxyIdleUs;
              return c;
            }),
            py::arg("num_streams") = 64, py::arg("num_events") = 64, py::kw_only(),
-           py::arg("enable_notification") = true)
+           py::arg("enable_notification") = true, py::arg("proxy_blocks") = 0,
+           py::arg("proxy_max_bytes") = 1ll << 20, py::arg("proxy_idle_us") = 500,
+           "proxy_blocks > 0 keeps a copy kernel of that many blocks resident on each initiating GPU for "
+           "transfers of at most proxy_max_bytes and 64 segments (no launch per transfer; holds SMs; a "
+           "device-wide synchronize waits until it leaves, proxy_idle_us after its last transfer). See docs/io.md.")
       .def_readwrite("num_streams", &XgmiBackendConfig::numStreams)
       .def_readwrite("num_events", &XgmiBackendConfig::numEvents)
-      .def_readwrite("enable_notification", &XgmiBackendConfig::enableNotification);
+      .def_readwrite("enable_notification", &XgmiBackendConfig::enableNotification)
+      .def_readwrite("proxy_blocks", &XgmiBackendConfig::proxyBlocks)
+      .def_readwrite("proxy_max_bytes", &XgmiBackendConfig::proxyMaxBytes)
+      .def_readwrite("proxy_idle_us", &XgmiBackendConfig::proxyIdleUs);
 
   py::class_<EngineDesc>(m, "EngineDesc", "Identity and address of an IO engine; exchange it with pack()/unpack().")
       .def_readonly("key", &EngineDesc::key)
@@ -298,10 +309,12 @@ void RegisterIo(py::module_& m) {
         const profile::Stamps& st = profile::ThreadStamps();
         for (int k = 0; k < profile::kStampCount; ++k)
           d[profile::StampName(static_cast<profile::Stamp>(k))] = st.ns[k];
+        d["path"] = profile::PathName(st.path);
         return d;
       },
       "CLOCK_MONOTONIC nanoseconds (time.perf_counter_ns' clock) at the stages of this thread's last transfer "
-      "submission: enter, converted, validated, launch_begin, launch_end, submitted (0 = not reached).");
+      "submission: enter, converted, validated, launch_begin, launch_end, submitted (0 = not reached); 'path': "
+      "how an XGMI copy was started ('kernel', 'copy_engines', 'proxy'; 'none' otherwise).");
 
   using Session = IOEngineSession;
   py::class_<Session>(m, "IOEngineSession")

@@ -115,6 +115,11 @@ struct XgmiBackendConfig : BackendConfig {
   int numStreams = 64;
   int numEvents = 64;
   bool enableNotification = true;  // tell the target when a transfer landed (MORI's XGMI never does)
+  // Persistent copy kernel for small GPU<->GPU transfers (io/p2p/copy_proxy.hpp):
+  // 0 = off (default); else blocks it keeps resident on each initiating GPU.
+  int proxyBlocks = 0;
+  int64_t proxyMaxBytes = 1ll << 20;  // bigger transfers are launched as usual
+  int64_t proxyIdleUs = 500;          // the resident grid leaves after this long idle
 };
 
 // ---------------------------------------------------------------------------

@@ -16,6 +16,15 @@ const char* StampName(Stamp s) {
   }
 }
 
+const char* PathName(Path p) {
+  switch (p) {
+    case kPathKernel: return "kernel";
+    case kPathCopyEngines: return "copy_engines";
+    case kPathProxy: return "proxy";
+    default: return "none";
+  }
+}
+
 Stamps& ThreadStamps() {
   static thread_local Stamps stamps;
   return stamps;

@@ -26,10 +26,16 @@ enum Stamp : int {
 
 const char* StampName(Stamp s);
 
+// How a GPU backend moved the bytes (so a benchmark or test can tell which
+// engine served a transfer without timing it).
+enum Path : int { kPathNone = 0, kPathKernel, kPathCopyEngines, kPathProxy };
+const char* PathName(Path p);
+
 extern std::atomic<bool> gEnabled;
 
 struct Stamps {
   int64_t ns[kStampCount] = {};
+  Path path = kPathNone;
 };
 
 // This thread's stamps of its last submission.
@@ -43,6 +49,10 @@ inline int64_t NowNs() {
 
 inline void Mark(Stamp s) {
   if (gEnabled.load(std::memory_order_relaxed)) ThreadStamps().ns[s] = NowNs();
+}
+
+inline void SetPath(Path p) {
+  if (gEnabled.load(std::memory_order_relaxed)) ThreadStamps().path = p;
 }
 
 // Clears this thread's stamps and marks kEnter (start of a new submission).

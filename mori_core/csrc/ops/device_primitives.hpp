@@ -35,6 +35,8 @@ __device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
+// Converges the wavefront and orders its lanes' memory operations (HIP has no __syncwarp).
+__device__ __forceinline__ void SyncWarp() { __builtin_amdgcn_wave_barrier(); }
 __device__ __forceinline__ void Backoff(uint32_t ns) {
   if (ns) __builtin_amdgcn_s_sleep(1);
 }
@@ -83,6 +85,7 @@ __device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
 }
 __device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) { return atomicAdd_system(p, v); }
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
+__device__ __forceinline__ void SyncWarp() { __syncwarp(); }
 // Polling backoff: a tight spin of many threads on one flag floods the L2
 // slice that also absorbs the peers' incoming NVLink writes.
 __device__ __forceinline__ void Backoff(uint32_t ns) {

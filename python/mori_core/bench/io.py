@@ -54,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--large-iters", type=int, default=8)
     p.add_argument("--num-connections", type=int, default=4, help="TCP sockets per peer")
     p.add_argument("--xgmi-streams", type=int, default=64, help="XgmiBackendConfig.num_streams (default 64)")
+    p.add_argument("--xgmi-proxy-blocks", type=int, default=0,
+                   help="XgmiBackendConfig.proxy_blocks: a resident copy kernel of N blocks takes transfers of at "
+                        "most 64 segments and --xgmi-proxy-max-bytes (default 0 = off: one launch per transfer)")
+    p.add_argument("--xgmi-proxy-max-bytes", default="1M", help="XgmiBackendConfig.proxy_max_bytes (default 1M)")
     p.add_argument("--initiator-device", type=int, default=0)
     p.add_argument("--target-device", type=int, default=1)
     p.add_argument("--arrays", choices=("list", "numpy"), default="list",
@@ -96,7 +100,8 @@ class _Buffer:
             self.array[:] = np.random.default_rng(0).integers(0, 256, self.array.size, dtype=np.uint8)
 
 
-def _make_engine(key: str, backend: str, num_connections: int, xgmi_streams: int = 64):
+def _make_engine(key: str, backend: str, num_connections: int, xgmi_streams: int = 64, proxy_blocks: int = 0,
+                 proxy_max_bytes: int = 1 << 20):
     from mori_core.io import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig, XgmiBackendConfig
 
     # A TCP measurement must stay on TCP even for GPU memory on one node.
@@ -105,7 +110,9 @@ def _make_engine(key: str, backend: str, num_connections: int, xgmi_streams: int
         engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=num_connections))
     else:
         # Like MORI's benchmark: no target notifications in the timed loop.
-        engine.create_backend(BackendType.XGMI, XgmiBackendConfig(num_streams=xgmi_streams, enable_notification=False))
+        engine.create_backend(BackendType.XGMI, XgmiBackendConfig(
+            num_streams=xgmi_streams, enable_notification=False, proxy_blocks=proxy_blocks,
+            proxy_max_bytes=proxy_max_bytes))
     return engine
 
 
@@ -348,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
         if not parent.poll(0):
             raise RuntimeError("target process did not start within 180 s")
         tdesc, tmem, raw_port = parent.recv()
-        engine = _make_engine("bench-initiator", args.backend, args.num_connections, args.xgmi_streams)
+        engine = _make_engine("bench-initiator", args.backend, args.num_connections, args.xgmi_streams,
+                              args.xgmi_proxy_blocks, _parse_size(args.xgmi_proxy_max_bytes))
         parent.send(engine.get_engine_desc().pack())
         engine.register_remote_engine(EngineDesc.unpack(tdesc))
         rm = MemoryDesc.unpack(tmem)
@@ -467,7 +475,9 @@ def _hardware(mem: str) -> str:
 
 def _report(args, results: list[Result], large_rows, mem: str, route: str, sizes, extra: dict) -> None:
     hdr = ["Msg Size", "Batch", "Total"] + [m for m in MODES]
-    note = (f"backend {route}, {mem} memory, offsets as {args.arrays}, median of {args.iters} iterations after "
+    proxy = (f", copy proxy of {args.xgmi_proxy_blocks} blocks (transfers <= {args.xgmi_proxy_max_bytes}, <= 64 "
+             f"segments)" if args.backend == "xgmi" and args.xgmi_proxy_blocks else "")
+    note = (f"backend {route}{proxy}, {mem} memory, offsets as {args.arrays}, median of {args.iters} iterations after "
             f"{args.warmup} warm-up; hardware: {_hardware(mem)}")
     for op in sorted({r.op for r in results}, reverse=True):
         rows_bw, rows_lat, rows_host = [], [], []
@@ -526,7 +536,8 @@ def _summary(args, results: list[Result], sizes, extra: dict, route: str) -> Non
     hdr = ["Session transfer", "latency us", "host us per call", "GB/s"]
     if "ce" in extra:
         hdr += ["plain copy, same bytes, us", "kernel GPU us", "fixed cost us (latency - kernel GPU)"]
-    print_table(f"summary: {route} session writes (median; latency = submit to SUCCESS seen, eager)", hdr, rows,
+    via = f" + copy proxy of {args.xgmi_proxy_blocks} blocks" if args.backend == "xgmi" and args.xgmi_proxy_blocks else ""
+    print_table(f"summary: {route}{via} session writes (median; latency = submit to SUCCESS seen, eager)", hdr, rows,
                 "plain copy: one contiguous torch copy_ of the same bytes (copy engines) until both GPUs are idle; "
                 "kernel GPU: the scatter kernel alone in a CUDA graph; 0 = not measured")
 

@@ -26,12 +26,13 @@ constexpr auto kDrainTimeout = std::chrono::seconds(30);
 }  // namespace
 
 GpuCompletion::GpuCompletion(std::shared_ptr<StreamPool> pool, StreamPool::Device* device, gpuStream_t stream,
-                             SignalSlots::Slot slot, RegionPin pin)
+                             SignalSlots::Slot slot, RegionPin pin, bool persistentStream)
     : pool_(std::move(pool)),
       device_(device),
       stream_(stream),
       slot_(slot),
       nextStreamCheckNs_(profile::NowNs() + kStreamCheckNs),
+      persistentStream_(persistentStream),
       pin_(std::move(pin)) {}
 
 GpuCompletion::GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, RegionPin pin)
@@ -49,7 +50,12 @@ gpuError_t GpuCompletion::Check() {
     nextStreamCheckNs_ = now + kStreamCheckNs;
     // A drained stream means the kernel ended; a sticky error means it failed.
     gpuError_t e = gpuStreamQuery(stream_);
-    if (e == gpuSuccess || e == gpuErrorNotReady) return slot_.Signalled() ? gpuSuccess : e;
+    if (e == gpuSuccess || e == gpuErrorNotReady) {
+      if (slot_.Signalled()) return gpuSuccess;
+      // The proxy's grid left with this copy posted: a protocol failure, never success.
+      if (e == gpuSuccess && persistentStream_) lost_ = true;
+      return e;
+    }
     (void)gpuGetLastError();
     return e;
   }
@@ -77,7 +83,9 @@ bool GpuCompletion::Poll(TransferStatus* status) {
     }
   }
   if (status) {
-    if (e == gpuSuccess)
+    if (lost_)
+      status->Update(StatusCode::ERR_GPU_OP, "XGMI copy proxy stopped before this transfer was copied");
+    else if (e == gpuSuccess)
       status->Update(StatusCode::SUCCESS);
     else
       status->Update(StatusCode::ERR_GPU_OP, std::string("GPU copy failed: ") + gpuGetErrorString(e));
@@ -87,7 +95,7 @@ bool GpuCompletion::Poll(TransferStatus* status) {
 
 bool GpuCompletion::Succeeded() {
   std::lock_guard<std::mutex> lock(mu_);
-  return done_ && result_ == gpuSuccess;
+  return done_ && result_ == gpuSuccess && !lost_;
 }
 
 CompletionWaiter::CompletionWaiter(NotificationSender* notifier)

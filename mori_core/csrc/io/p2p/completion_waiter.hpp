@@ -28,9 +28,12 @@ namespace mori::io::p2p {
 // One in-flight copy and the local region kept registered until it is done.
 class GpuCompletion {
  public:
+  // `stream` runs the copy proxy's resident grid: it drains between busy
+  // periods, so a drained stream does not mean this copy ran.
+  static constexpr bool kPersistentStream = true;
   // Done when the kernel on `stream` writes `slot`.
   GpuCompletion(std::shared_ptr<StreamPool> pool, StreamPool::Device* device, gpuStream_t stream,
-                SignalSlots::Slot slot, RegionPin pin);
+                SignalSlots::Slot slot, RegionPin pin, bool persistentStream = false);
   // Done when `event` (recorded after copy-engine copies) completes.
   GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, RegionPin pin);
   ~GpuCompletion();
@@ -52,6 +55,8 @@ class GpuCompletion {
   SignalSlots::Slot slot_;
   gpuEvent_t event_ = nullptr;
   int64_t nextStreamCheckNs_ = 0;
+  bool persistentStream_ = false;
+  bool lost_ = false;  // the proxy's stream drained without this copy's signal
   std::mutex mu_;
   bool done_ = false;
   gpuError_t result_ = gpuSuccess;

@@ -6,5 +6,5 @@ if(MORI_GPU_LANG)
     ${CMAKE_CURRENT_LIST_DIR}/stream_pool.cpp
     ${CMAKE_CURRENT_LIST_DIR}/completion_waiter.cpp
     ${CMAKE_CURRENT_LIST_DIR}/xgmi_backend.cpp)
-  list(APPEND MORI_IO_GPU_SOURCES ${CMAKE_CURRENT_LIST_DIR}/scatter_copy.cu)
+  list(APPEND MORI_IO_GPU_SOURCES ${CMAKE_CURRENT_LIST_DIR}/scatter_copy.cu ${CMAKE_CURRENT_LIST_DIR}/copy_proxy.cu)
 endif()

@@ -2,12 +2,13 @@
 
 namespace mori::io::p2p {
 
-StreamPool::StreamPool(int streamsPerDevice, int eventsPerDevice)
-    : streamsPerDevice_(streamsPerDevice), eventsPerDevice_(eventsPerDevice) {}
+StreamPool::StreamPool(int streamsPerDevice, int eventsPerDevice, const ProxyConfig& proxy)
+    : streamsPerDevice_(streamsPerDevice), eventsPerDevice_(eventsPerDevice), proxy_(proxy) {}
 
 StreamPool::~StreamPool() {
   for (auto& [dev, d] : devices_) {
     DeviceGuard g(dev);
+    d->proxy.reset();  // its grid leaves before the streams and signal words go
     for (auto s : d->streams) (void)gpuStreamDestroy(s);
   }
   for (auto& [dev, events] : freeEvents_) {
@@ -29,6 +30,7 @@ StreamPool::Device& StreamPool::ForDevice(int device) {
       MORI_GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming));
       events.push_back(e);
     }
+    if (proxy_.blocks > 0) d->proxy = std::make_unique<CopyProxy>(device, proxy_);
     slot = std::move(d);
   }
   return *slot;

@@ -1,6 +1,6 @@
 // Per-device GPU resources of the XGMI backend: streams (round robin),
-// completion events for copy-engine copies (reused) and completion signal
-// slots for the scatter-copy kernel.
+// completion events for copy-engine copies (reused), completion signal
+// slots for the scatter-copy kernel, and the optional copy proxy.
 #pragma once
 
 #include <atomic>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/gpu_runtime.hpp"
+#include "io/p2p/copy_proxy.hpp"
 #include "io/p2p/signal_slots.hpp"
 
 namespace mori::io::p2p {
@@ -23,10 +24,11 @@ class StreamPool {
     std::vector<gpuStream_t> streams;
     std::atomic<size_t> next{0};
     SignalSlots signals;
+    std::unique_ptr<CopyProxy> proxy;  // null unless enabled; declared after `signals`: its grid writes them
     gpuStream_t NextStream() { return streams[next.fetch_add(1, std::memory_order_relaxed) % streams.size()]; }
   };
 
-  StreamPool(int streamsPerDevice, int eventsPerDevice);
+  StreamPool(int streamsPerDevice, int eventsPerDevice, const ProxyConfig& proxy = {});
   ~StreamPool();
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
@@ -39,6 +41,7 @@ class StreamPool {
  private:
   const int streamsPerDevice_;
   const int eventsPerDevice_;
+  const ProxyConfig proxy_;
   std::mutex mu_;
   std::unordered_map<int, std::unique_ptr<Device>> devices_;
   std::unordered_map<int, std::vector<gpuEvent_t>> freeEvents_;

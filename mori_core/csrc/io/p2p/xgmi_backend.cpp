@@ -49,6 +49,37 @@ XgmiTuning XgmiTuning::FromEnv() {
   return t;
 }
 
+namespace {
+
+// The copy proxy's settings: the config's fields, each overridden by its
+// environment variable when set (so a framework adapter's engine can be tuned
+// without code). Errors name whichever the value came from.
+ProxyConfig ProxySettings(const XgmiBackendConfig& c) {
+  ProxyConfig p;
+  const bool envBlocks = env::GetString("MORI_IO_XGMI_PROXY_BLOCKS").has_value();
+  const int64_t blocks = env::GetInt("MORI_IO_XGMI_PROXY_BLOCKS", c.proxyBlocks);
+  if (blocks < 0 || blocks > 64)
+    throw InvalidArgument(std::string(envBlocks ? "MORI_IO_XGMI_PROXY_BLOCKS" : "XgmiBackendConfig.proxy_blocks") +
+                          "=" + std::to_string(blocks) + " must be in [0, 64] (0 = no copy proxy)");
+  p.blocks = static_cast<int>(blocks);
+  const bool envBytes = env::GetString("MORI_IO_XGMI_PROXY_MAX_BYTES").has_value();
+  const int64_t maxBytes =
+      envBytes ? static_cast<int64_t>(env::GetSize("MORI_IO_XGMI_PROXY_MAX_BYTES", 0)) : c.proxyMaxBytes;
+  if (maxBytes < 4096 || maxBytes > (256ll << 20))
+    throw InvalidArgument(std::string(envBytes ? "MORI_IO_XGMI_PROXY_MAX_BYTES" : "XgmiBackendConfig.proxy_max_bytes") +
+                          "=" + std::to_string(maxBytes) + " must be in [4096, 268435456]");
+  p.maxBytes = static_cast<uint64_t>(maxBytes);
+  const bool envIdle = env::GetString("MORI_IO_XGMI_PROXY_IDLE_US").has_value();
+  const int64_t idle = env::GetInt("MORI_IO_XGMI_PROXY_IDLE_US", c.proxyIdleUs);
+  if (idle < 10 || idle > 10000000)
+    throw InvalidArgument(std::string(envIdle ? "MORI_IO_XGMI_PROXY_IDLE_US" : "XgmiBackendConfig.proxy_idle_us") +
+                          "=" + std::to_string(idle) + " must be in [10, 10000000]");
+  p.idleUs = static_cast<uint32_t>(idle);
+  return p;
+}
+
+}  // namespace
+
 XgmiBackend::XgmiBackend(EngineContext& ctx, const XgmiBackendConfig& config)
     : ctx_(ctx), config_(config), tuning_(XgmiTuning::FromEnv()) {
   if (config_.numStreams < 1 || config_.numStreams > 1024)
@@ -57,8 +88,9 @@ XgmiBackend::XgmiBackend(EngineContext& ctx, const XgmiBackendConfig& config)
   if (config_.numEvents < 1 || config_.numEvents > 65536)
     throw InvalidArgument("XgmiBackendConfig.num_events=" + std::to_string(config_.numEvents) +
                           " must be in [1, 65536]");
+  const ProxyConfig proxy = ProxySettings(config_);
   if (GpuDeviceCount() == 0) throw BadState("XGMI backend: no GPU is visible to this process");
-  pool_ = std::make_shared<StreamPool>(config_.numStreams, config_.numEvents);
+  pool_ = std::make_shared<StreamPool>(config_.numStreams, config_.numEvents, proxy);
   notifier_ = std::make_unique<NotificationSender>(ctx_);
   waiter_ = std::make_unique<CompletionWaiter>(notifier_.get());
 }
@@ -201,16 +233,22 @@ void XgmiBackend::Launch(const Route& r, const SegmentList& segs, bool isRead, T
         copies.push_back({reinterpret_cast<uint64_t>(srcBase + so), reinterpret_cast<uint64_t>(dstBase + d), s.size});
       }
       SignalSlots::Slot slot = dev.signals.Acquire();
+      const KernelSignal signal{slot.counter, slot.device, slot.value};
+      bool proxied = false;
       try {
         profile::Mark(profile::kLaunchBegin);
-        LaunchScatterCopy(copies.data(), copies.size(), tuning_.shape, KernelSignal{slot.counter, slot.device, slot.value},
-                          stream);
+        // The resident proxy takes it when it fits; otherwise one launch.
+        if (dev.proxy) proxied = dev.proxy->Post(copies.data(), copies.size(), TotalBytes(segs), signal);
+        if (!proxied) LaunchScatterCopy(copies.data(), copies.size(), tuning_.shape, signal, stream);
         profile::Mark(profile::kLaunchEnd);
+        profile::SetPath(proxied ? profile::kPathProxy : profile::kPathKernel);
       } catch (...) {
-        dev.signals.Release(slot);  // nothing was enqueued with it
+        dev.signals.Release(slot);  // nothing that will run was enqueued with it
         throw;
       }
-      c = std::make_shared<GpuCompletion>(pool_, &dev, stream, slot, std::move(pin));
+      c = proxied ? std::make_shared<GpuCompletion>(pool_, &dev, dev.proxy->Stream(), slot, std::move(pin),
+                                                    GpuCompletion::kPersistentStream)
+                  : std::make_shared<GpuCompletion>(pool_, &dev, stream, slot, std::move(pin));
     } else {
       profile::Mark(profile::kLaunchBegin);
       for (const auto& s : segs) {
@@ -222,6 +260,7 @@ void XgmiBackend::Launch(const Route& r, const SegmentList& segs, bool isRead, T
       if (e != gpuSuccess) pool_->ReleaseEvent(r.device, ev);
       MORI_GPU_CHECK(e);
       profile::Mark(profile::kLaunchEnd);
+      profile::SetPath(profile::kPathCopyEngines);
       c = std::make_shared<GpuCompletion>(pool_, r.device, ev, std::move(pin));
     }
     status->SetProgressHook([c](TransferStatus& s) { c->Poll(&s); });
