@@ -440,7 +440,11 @@ def _gpu_facts(sizes, args) -> dict:
 
     span = max(sizes) * 2 * args.batch
     timer = KernelTimer(args.initiator_device, args.target_device, span)
+    from mori_core import _C
+
     facts: dict = {"ce": {}, "kernel": {}}
+    # The floor of any host-fed resident kernel (the copy proxy): one doorbell round trip.
+    facts["pingpong"] = median(_C._xgmi_testing.pinned_ping_pong_us(args.initiator_device, 200)[10:])
     for msg in sizes:
         wall, host = copy_baseline(msg * args.batch, args.initiator_device, args.target_device, args.iters, args.warmup)
         facts["ce"][msg] = (median(wall), median(host))
@@ -533,13 +537,16 @@ def _summary(args, results: list[Result], sizes, extra: dict, route: str) -> Non
         row = [f"{args.batch} x {fmt_bytes(sizes[0])}, {args.batch} writes (per write)", r.lat_us / args.batch,
                r.host_us, r.gbps]
         rows.append(row + ([0.0, 0.0, 0.0] if "ce" in extra else []))
+    if "pingpong" in extra:
+        rows.append(["pinned-memory round trip host -> GPU -> host", extra["pingpong"], 0.0, 0.0, 0.0, 0.0, 0.0])
     hdr = ["Session transfer", "latency us", "host us per call", "GB/s"]
     if "ce" in extra:
         hdr += ["plain copy, same bytes, us", "kernel GPU us", "fixed cost us (latency - kernel GPU)"]
     via = f" + copy proxy of {args.xgmi_proxy_blocks} blocks" if args.backend == "xgmi" and args.xgmi_proxy_blocks else ""
     print_table(f"summary: {route}{via} session writes (median; latency = submit to SUCCESS seen, eager)", hdr, rows,
                 "plain copy: one contiguous torch copy_ of the same bytes (copy engines) until both GPUs are idle; "
-                "kernel GPU: the scatter kernel alone in a CUDA graph; 0 = not measured")
+                "kernel GPU: the scatter kernel alone in a CUDA graph; round trip: the host stores a word in pinned "
+                "memory, a resident one-thread kernel answers in another (the copy proxy's floor); 0 = not measured")
 
 
 def _plot(path: str, results: list[Result], args) -> None:

@@ -52,7 +52,12 @@ namespace dev = mori::ep::dev;
 
 constexpr uint32_t kPieceShift = 12;  // one warp copies one 4 KiB piece per step
 constexpr uint32_t kCmdEntry = 1, kCmdExit = 2;
-constexpr uint32_t kQuitPollEvery = 32;  // ring polls per look at ctl.quit (each poll is a PCIe read)
+constexpr uint32_t kQuitPollEvery = 16;  // ring poll pairs per look at ctl.quit (each poll is a PCIe read)
+constexpr uint32_t kPollStaggerNs = 500;
+// Entries of at most this many pieces (16 KiB) the leader warp copies itself:
+// handing them to a copy block costs more (a wake-up and a mailbox read) than
+// the copy.
+constexpr uint32_t kLeaderPieces = 4;  // about half a GPU->host read round trip
 constexpr uint32_t kWarp = 32;
 
 struct ProxyArgs {
@@ -65,14 +70,34 @@ struct ProxyArgs {
 
 __device__ __forceinline__ uint64_t LoadWord(const uint64_t* p) { return *reinterpret_cast<const volatile uint64_t*>(p); }
 
-// Reads entry `next` if it is complete: the whole warp loads words [0, 32);
-// when they hold the header and more segments follow, the rest. Returns true
-// (and leaves the data in the mailbox) once every word it needs is tagged.
-__device__ bool ReadEntry(const ProxyArgs& a, uint32_t next, uint32_t lane) {
+// A warp copies up to 4 KiB: one round of 16-byte loads (8 per lane), then the stores.
+__device__ __forceinline__ void CopyPieceWarp(const uint8_t* src, uint8_t* dst, uint32_t n, uint32_t lane) {
+  uint32_t done = 0;
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
+    constexpr int kPerLane = (1 << kPieceShift) / 16 / 32;
+    const uint32_t vecs = n / 16;
+    const auto* vs = reinterpret_cast<const uint4*>(src);
+    auto* vd = reinterpret_cast<uint4*>(dst);
+    uint4 r[kPerLane];
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (lane + k * 32 < vecs) r[k] = vs[lane + k * 32];
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (lane + k * 32 < vecs) vd[lane + k * 32] = r[k];
+    done = vecs * 16;
+  }
+  for (uint32_t b = done + lane; b < n; b += 32) dst[b] = src[b];
+}
+
+// Takes entry `next` if it is complete. `v` is this lane's read of word
+// `lane` (the warp's read of words [0, 32)); when they hold the header and
+// more segments follow, the rest is read here. Returns true (and leaves the
+// data in the mailbox) once every word it needs is tagged.
+__device__ bool TakeEntry(const ProxyArgs& a, uint32_t next, uint32_t lane, uint64_t v) {
   const uint64_t* w = a.ring[next % CopyProxy::kRing].w;
   const uint32_t tag = next + 1;
   uint32_t* mb = a.st->mailbox[next % CopyProxy::kRing];
-  const uint64_t v = LoadWord(w + lane);
   const bool ok = static_cast<uint32_t>(v >> 32) == tag;
   if ((dev::Ballot(ok) & ((1u << kHeaderWords) - 1)) != (1u << kHeaderWords) - 1) return false;
   const uint32_t count = static_cast<uint32_t>(dev::ShflIdx(static_cast<int>(v), 0));
@@ -99,6 +124,56 @@ __device__ bool ReadEntry(const ProxyArgs& a, uint32_t next, uint32_t lane) {
   return true;
 }
 
+__device__ bool ReadEntry(const ProxyArgs& a, uint32_t next, uint32_t lane, uint64_t* v) {
+  *v = LoadWord(a.ring[next % CopyProxy::kRing].w + lane);
+  return TakeEntry(a, next, lane, *v);
+}
+
+// Copies a small entry whose words are all in the warp's registers (lane i
+// holds word i: at most 4 segments) and publishes it: no mailbox read.
+__device__ void LeaderCopyFromRegisters(uint64_t v, uint32_t lane) {
+  auto word = [&](uint32_t i) { return static_cast<uint32_t>(dev::ShflIdx(static_cast<int>(v), static_cast<int>(i))); };
+  const uint32_t count = word(0);
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint32_t b = kHeaderWords + kSegWords * i;
+    const uint64_t src = word(b) | static_cast<uint64_t>(word(b + 1)) << 32;
+    const uint64_t dst = word(b + 2) | static_cast<uint64_t>(word(b + 3)) << 32;
+    const uint32_t size = word(b + 4);
+    for (uint32_t off = 0; off < size; off += 1u << kPieceShift)
+      CopyPieceWarp(reinterpret_cast<const uint8_t*>(src) + off, reinterpret_cast<uint8_t*>(dst) + off,
+                    min(1u << kPieceShift, size - off), lane);
+  }
+  const uint32_t value = word(2);
+  const uint64_t flag = word(3) | static_cast<uint64_t>(word(4)) << 32;
+  dev::SyncWarp();
+  if (lane == 0) {
+    dev::FenceSys();  // after the warp barrier: orders every lane's copies (cumulative)
+    *reinterpret_cast<volatile uint32_t*>(static_cast<uintptr_t>(flag)) = value;
+  }
+  dev::SyncWarp();
+}
+
+// The leader warp copies a small entry (<= kLeaderPieces pieces) from its
+// mailbox copy and publishes it; the copy blocks skip such entries.
+__device__ void LeaderCopy(const volatile uint32_t* mb, uint32_t lane) {
+  const uint32_t count = mb[0];
+  for (uint32_t i = 0; i < count && i < CopyProxy::kMaxSegments; ++i) {
+    const volatile uint32_t* sw = mb + kHeaderWords + kSegWords * i;
+    const uint64_t src = sw[0] | static_cast<uint64_t>(sw[1]) << 32;
+    const uint64_t dst = sw[2] | static_cast<uint64_t>(sw[3]) << 32;
+    const uint32_t size = sw[4];
+    for (uint32_t off = 0; off < size; off += 1u << kPieceShift)
+      CopyPieceWarp(reinterpret_cast<const uint8_t*>(src) + off, reinterpret_cast<uint8_t*>(dst) + off,
+                    min(1u << kPieceShift, size - off), lane);
+  }
+  dev::SyncWarp();
+  if (lane == 0) {
+    dev::FenceSys();  // after the warp barrier: orders every lane's copies (cumulative)
+    *reinterpret_cast<volatile uint32_t*>(static_cast<uintptr_t>(mb[3] | static_cast<uint64_t>(mb[4]) << 32)) = mb[2];
+  }
+  dev::SyncWarp();
+}
+
 // The leader (warp 0 of block 0): waits for ring entry `next`, hands it to
 // the copy blocks, or decides to leave.
 __device__ uint32_t LeaderWait(const ProxyArgs& a, uint32_t next, uint32_t lane) {
@@ -115,8 +190,24 @@ __device__ uint32_t LeaderWait(const ProxyArgs& a, uint32_t next, uint32_t lane)
     dev::Backoff(64);
   }
   uint64_t idleSince = dev::GlobalTimerNs();
+  // Two reads of the ring in flight, half a round trip apart: a new entry is
+  // seen ~RTT/4 sooner on average than with one read at a time.
+  const uint64_t* w = a.ring[next % CopyProxy::kRing].w + lane;
+  uint64_t va = LoadWord(w);
+  dev::Backoff(kPollStaggerNs);
+  uint64_t vb = LoadWord(w);
+  uint64_t v = 0;  // this lane's word of the entry taken
   for (uint32_t polls = 1;; ++polls) {
-    if (ReadEntry(a, next, lane)) break;
+    if (TakeEntry(a, next, lane, va)) {
+      v = va;
+      break;
+    }
+    va = LoadWord(w);
+    if (TakeEntry(a, next, lane, vb)) {
+      v = vb;
+      break;
+    }
+    vb = LoadWord(w);
     if (polls % kQuitPollEvery != 0) continue;
     int leave = 0;  // decided by lane 0: the warp must agree
     if (lane == 0) leave = dev::LoadAcquireSys(&a.ctl->quit) != 0 || dev::GlobalTimerNs() - idleSince >= a.idleNs;
@@ -126,7 +217,7 @@ __device__ uint32_t LeaderWait(const ProxyArgs& a, uint32_t next, uint32_t lane)
     if (lane == 0) dev::StoreReleaseSys(&a.ctl->state, 0);
     dev::FenceSys();
     dev::SyncWarp();
-    if (ReadEntry(a, next, lane)) {
+    if (ReadEntry(a, next, lane, &v)) {
       if (lane == 0) dev::StoreReleaseSys(&a.ctl->state, 1);
       break;
     }
@@ -137,10 +228,18 @@ __device__ uint32_t LeaderWait(const ProxyArgs& a, uint32_t next, uint32_t lane)
     }
     return kCmdExit;
   }
+  // A small entry the leader copies itself, before anything else: its
+  // latency is the point. (The copy blocks skip it: see `needed`.)
+  const uint32_t pieces = static_cast<uint32_t>(dev::ShflIdx(static_cast<int>(v), 1));
+  const uint32_t count = static_cast<uint32_t>(dev::ShflIdx(static_cast<int>(v), 0));
+  const bool inRegisters = kHeaderWords + kSegWords * count <= kWarp;
+  if (pieces <= kLeaderPieces && inRegisters) LeaderCopyFromRegisters(v, lane);
   __threadfence();  // each lane's mailbox words before `posted` ...
   dev::SyncWarp();  // ... and all lanes' before lane 0's store
+  if (pieces <= kLeaderPieces && !inRegisters) LeaderCopy(a.st->mailbox[next % CopyProxy::kRing], lane);
   if (lane == 0) {
-    dev::StoreReleaseSys(&a.st->posted, next + 1);
+    // Device scope is enough: only this GPU's blocks read `posted`.
+    *reinterpret_cast<volatile uint32_t*>(&a.st->posted) = next + 1;
     dev::StoreReleaseSys(&a.ctl->consumed, next + 1);  // the host may reuse the ring slot
   }
   return kCmdEntry;
@@ -148,32 +247,16 @@ __device__ uint32_t LeaderWait(const ProxyArgs& a, uint32_t next, uint32_t lane)
 // Copy blocks' thread 0: the leader's announcements live in device memory.
 __device__ uint32_t FollowerWait(const ProxyArgs& a, uint32_t next) {
   for (;;) {
-    if (static_cast<int32_t>(dev::LoadAcquireSys(&a.st->posted) - next) > 0) return kCmdEntry;
+    if (static_cast<int32_t>(*reinterpret_cast<volatile uint32_t*>(&a.st->posted) - next) > 0) {
+      __threadfence();  // acquire: the mailbox is read after `posted`
+      return kCmdEntry;
+    }
     if (dev::LoadAcquireSys(&a.st->stopEpoch) == a.epoch && *reinterpret_cast<volatile uint32_t*>(&a.st->stopAt) == next)
       return kCmdExit;
     dev::Backoff(64);
   }
 }
 
-// A warp copies up to 4 KiB: one round of 16-byte loads (8 per lane), then the stores.
-__device__ __forceinline__ void CopyPieceWarp(const uint8_t* src, uint8_t* dst, uint32_t n, uint32_t lane) {
-  uint32_t done = 0;
-  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
-    constexpr int kPerLane = (1 << kPieceShift) / 16 / 32;
-    const uint32_t vecs = n / 16;
-    const auto* vs = reinterpret_cast<const uint4*>(src);
-    auto* vd = reinterpret_cast<uint4*>(dst);
-    uint4 r[kPerLane];
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k)
-      if (lane + k * 32 < vecs) r[k] = vs[lane + k * 32];
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k)
-      if (lane + k * 32 < vecs) vd[lane + k * 32] = r[k];
-    done = vecs * 16;
-  }
-  for (uint32_t b = done + lane; b < n; b += 32) dst[b] = src[b];
-}
 
 __global__ void __launch_bounds__(CopyProxy::kThreads) ProxyKernel(const ProxyArgs a) {
   __shared__ uint32_t sCmd, sCount, sPieces, sValue;
@@ -230,22 +313,29 @@ __global__ void __launch_bounds__(CopyProxy::kThreads) ProxyKernel(const ProxyAr
       const auto n = static_cast<uint32_t>(min(static_cast<uint64_t>(1) << kPieceShift, s.size - off));
       CopyPieceWarp(reinterpret_cast<const uint8_t*>(s.src) + off, reinterpret_cast<uint8_t*>(s.dst) + off, n, lane);
     }
-    // Same completion rule as the scatter kernel: every thread's stores are
-    // ordered system-wide, the last block to arrive publishes. Only blocks
-    // that had pieces arrive, so a small entry (<= 16 pieces: the first copy
-    // block alone) completes without waiting for the other blocks.
+    // Completion. After the barrier, thread 0's system-scope fence orders
+    // every thread's copies before what it stores next (cumulativity: the
+    // pattern of a cooperative-groups grid sync), so one fence per block does
+    // what a fence per thread did. Entries of <= kLeaderPieces the leader
+    // copied itself; one of <= 16 pieces belongs to the first copy block
+    // alone, which publishes at once; otherwise the last block with pieces to
+    // arrive publishes.
     const uint32_t byPieces = (sPieces + warps - 1) / warps;
-    const uint32_t needed = sPieces == 0 ? 1u : (byPieces < copiers ? byPieces : copiers);
-    dev::FenceSys();
+    const uint32_t needed = sPieces <= kLeaderPieces ? 0u : (byPieces < copiers ? byPieces : copiers);
     __syncthreads();
     if (tid == 0) {
       if (copier < needed) {
-        uint32_t* arrive = &a.st->arrive[next % CopyProxy::kRing];
-        if (atomicAdd(arrive, 1u) == needed - 1) {
-          *arrive = 0;
-          dev::FenceSys();
-          *reinterpret_cast<volatile uint32_t*>(sFlag) = sValue;
+        dev::FenceSys();
+        bool last = needed == 1;
+        if (!last) {
+          uint32_t* arrive = &a.st->arrive[next % CopyProxy::kRing];
+          last = atomicAdd(arrive, 1u) == needed - 1;
+          if (last) {
+            *arrive = 0;
+            dev::FenceSys();
+          }
         }
+        if (last) *reinterpret_cast<volatile uint32_t*>(sFlag) = sValue;
       }
       dev::StoreReleaseSys(&a.st->progress[blockIdx.x], next + 1);
     }
@@ -253,7 +343,55 @@ __global__ void __launch_bounds__(CopyProxy::kThreads) ProxyKernel(const ProxyAr
   }
 }
 
+__global__ void PingPongKernel(const uint32_t* ping, uint32_t* pong, uint32_t iters) {
+  for (uint32_t i = 1; i <= iters; ++i) {
+    const uint64_t start = dev::GlobalTimerNs();
+    while (*reinterpret_cast<const volatile uint32_t*>(ping) != i)
+      if (dev::GlobalTimerNs() - start > 1000000000ull) return;  // the host gave up
+    *reinterpret_cast<volatile uint32_t*>(pong) = i;
+  }
+}
+
 }  // namespace
+
+std::vector<double> PinnedPingPongUs(int device, int iters) {
+  if (iters < 1 || iters > 1000000) throw InvalidArgument("iters=" + std::to_string(iters) + " must be in [1, 1000000]");
+  DeviceGuard g(device);
+  void* host = nullptr;
+  void* devView = nullptr;
+  gpuStream_t stream = nullptr;
+  MORI_GPU_CHECK(gpuHostAlloc(&host, 2 * sizeof(uint32_t), gpuHostAllocMapped | gpuHostAllocPortable));
+  auto* words = static_cast<volatile uint32_t*>(host);
+  words[0] = words[1] = 0;
+  std::vector<double> out;
+  gpuError_t e = gpuHostGetDevicePointer(&devView, host, 0);
+  if (e == gpuSuccess) e = gpuStreamCreateWithFlags(&stream, gpuStreamNonBlocking);
+  if (e == gpuSuccess) {
+    auto* d = static_cast<uint32_t*>(devView);
+    PingPongKernel<<<1, 1, 0, stream>>>(d, d + 1, static_cast<uint32_t>(iters));
+    e = gpuGetLastError();
+  }
+  bool late = false;
+  if (e == gpuSuccess) {
+    for (int i = 1; i <= iters && !late; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      __atomic_store_n(const_cast<uint32_t*>(&words[0]), static_cast<uint32_t>(i), __ATOMIC_SEQ_CST);
+      while (__atomic_load_n(const_cast<uint32_t*>(&words[1]), __ATOMIC_ACQUIRE) != static_cast<uint32_t>(i)) {
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) {
+          late = true;
+          break;
+        }
+      }
+      out.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    e = gpuStreamSynchronize(stream);  // the kernel gives up within a second of a missing ping
+  }
+  if (stream) (void)gpuStreamDestroy(stream);
+  (void)gpuFreeHost(host);
+  MORI_GPU_CHECK(e);
+  if (late) throw BadState("pinned ping-pong: the GPU did not answer within 1 s");
+  return out;
+}
 
 CopyProxy::CopyProxy(int device, const ProxyConfig& config) : device_(device), config_(config) {
   DeviceGuard g(device_);

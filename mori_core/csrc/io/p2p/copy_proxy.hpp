@@ -39,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "common/gpu_runtime.hpp"
 #include "io/p2p/scatter_copy.hpp"
@@ -97,5 +98,12 @@ class CopyProxy {
   uint32_t epoch_ = 0;             // grids launched
   bool broken_ = false;            // a launch failed: take nothing more
 };
+
+// The floor under any host-fed resident kernel: host stores a word in pinned
+// memory, a one-thread kernel on `device` that polls it stores an answer, the
+// host sees it. Microseconds per round trip, `iters` of them (the benchmark
+// prints the median beside the proxy's latency). Throws GpuError, or BadState
+// if an answer does not come within a second.
+std::vector<double> PinnedPingPongUs(int device, int iters);
 
 }  // namespace mori::io::p2p

@@ -8,6 +8,7 @@
 #include "bindings/bindings.hpp"
 #include "common/error.hpp"
 #include "common/gpu_runtime.hpp"
+#include "io/p2p/copy_proxy.hpp"
 #include "io/p2p/scatter_copy.hpp"
 
 namespace py = pybind11;
@@ -41,6 +42,9 @@ void RegisterXgmiTesting(py::module_& m) {
         (void)gpuGetLastError();
       },
       py::arg("device"), py::arg("peer"), "Let kernels on `device` access memory of `peer`.");
+  t.def("pinned_ping_pong_us", &PinnedPingPongUs, py::arg("device"), py::arg("iters"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Host -> GPU -> host round trips through pinned memory (us each): the floor of the copy proxy's latency.");
 }
 
 }  // namespace mori::bindings
