@@ -65,6 +65,7 @@ def create_engine(
     backend: str = "auto",
     auth_secret: str = "",
     tcp: Optional[TcpBackendConfig] = None,
+    xgmi: Optional[XgmiBackendConfig] = None,
 ) -> EngineSetup:
     """An engine listening on ``host`` at an OS-chosen port.
 
@@ -79,6 +80,7 @@ def create_engine(
             ``xgmi`` / ``rdma`` raise ``RuntimeError`` when that transport cannot be made.
         auth_secret: shared secret of the engine's listener ("" = ``MORI_IO_AUTH_SECRET`` or none).
         tcp: TCP backend settings (None = the core's defaults).
+        xgmi: XGMI backend settings, e.g. the copy proxy (None = the core's defaults).
     """
     if backend not in BACKEND_CHOICES:
         raise ValueError(f"create_engine: backend must be one of {list(BACKEND_CHOICES)}, got {backend!r}")
@@ -91,7 +93,7 @@ def create_engine(
     )
     unavailable: Dict[str, str] = {}
     if gpu_memory and backend in ("auto", "xgmi"):
-        try_backend(engine, BackendType.XGMI, XgmiBackendConfig(), unavailable, required=backend == "xgmi")
+        try_backend(engine, BackendType.XGMI, xgmi or XgmiBackendConfig(), unavailable, required=backend == "xgmi")
     if backend in ("auto", "rdma"):
         rdma_config = RdmaBackendConfig(
             rdma.qp_per_transfer,

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import zmq
 
-from mori_core.io import EngineDesc, MemoryDesc, MemoryLocationType, TcpBackendConfig
+from mori_core.io import EngineDesc, MemoryDesc, MemoryLocationType, TcpBackendConfig, XgmiBackendConfig
 from mori_integrations.common.engine_setup import create_engine
 from mori_integrations.common.segments import PlanError, TransferBatch
 from mori_integrations.vllm.kv_connector.config import ConnectorConfig, rank_port
@@ -139,6 +139,7 @@ class TransferAgent:
             backend=config.backend,
             auth_secret=config.auth_secret,
             tcp=TcpBackendConfig(num_connections=config.tcp_num_connections, op_timeout_ms=config.tcp_op_timeout_ms),
+            xgmi=XgmiBackendConfig(proxy_blocks=config.xgmi_proxy_blocks),
         )
         self.engine = setup.engine
         self.backends = setup.describe()

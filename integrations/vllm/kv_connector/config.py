@@ -12,7 +12,8 @@ switching a deployment is one word (``"kv_connector": "MoriSuiteConnector"``):
 
 Our additions: ``auth_secret`` (IO engine + control plane; default ``MORI_IO_AUTH_SECRET``),
 ``handshake_timeout`` (10 s), ``transfer_threads`` (4), ``tcp_num_connections`` (4),
-``tcp_op_timeout_ms`` (10000).
+``tcp_op_timeout_ms`` (10000), ``xgmi_proxy_blocks`` (0: the XGMI backend's resident copy kernel
+for small transfers, off; see docs/io.md).
 
 Unknown keys are ignored (other tools keep their own keys in the same dict); every
 known key with a bad value raises ``ValueError`` naming the key, the value and the limit.
@@ -65,6 +66,7 @@ class ConnectorConfig:
     auth_secret: str
     tcp_num_connections: int
     tcp_op_timeout_ms: int
+    xgmi_proxy_blocks: int
     http_port: Optional[int]
     proxy_ip: str
     proxy_ping_port: Optional[int]
@@ -107,6 +109,7 @@ class ConnectorConfig:
             auth_secret=cfg.get_str("auth_secret", "") or os.environ.get("MORI_IO_AUTH_SECRET", ""),
             tcp_num_connections=cfg.get_int("tcp_num_connections", 4, 1, 64),
             tcp_op_timeout_ms=cfg.get_int("tcp_op_timeout_ms", 10000, 10, 3_600_000),
+            xgmi_proxy_blocks=cfg.get_int("xgmi_proxy_blocks", 0, 0, 64),
             http_port=cfg.get_int("http_port", None, 1, 65535),
             proxy_ip=proxy_ip,
             proxy_ping_port=ping_port,

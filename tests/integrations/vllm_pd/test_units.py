@@ -39,6 +39,7 @@ def test_moriio_extra_config_is_accepted_unchanged() -> None:
     assert (c.host_ip, c.http_port, c.proxy_ip, c.proxy_ping_port) == ("10.1.2.3", 8100, "10.0.0.9", 36367)
     d = ConnectorConfig.from_extra({})
     assert (d.handshake_port, d.notify_port, d.default_mode, d.backend) == (6301, 61005, "write", "auto")
+    assert d.xgmi_proxy_blocks == 0 and ConnectorConfig.from_extra({"xgmi_proxy_blocks": 8}).xgmi_proxy_blocks == 8
 
 
 @pytest.mark.parametrize(
@@ -50,6 +51,7 @@ def test_moriio_extra_config_is_accepted_unchanged() -> None:
         ({"transfer_timeout": 30, "recv_abort_timeout": 10}, "recv_abort_timeout (10 s) must exceed transfer_timeout"),
         ({"proxy_ip": "10.0.0.1"}, "['proxy_ping_port'] must be set"),
         ({"transfer_timeout": "soon"}, "['transfer_timeout'] must be a number"),
+        ({"xgmi_proxy_blocks": 65}, "['xgmi_proxy_blocks'] must be an int in [0, 64], got 65"),
     ],
 )
 def test_bad_config_names_key_and_limit(extra, message) -> None:
