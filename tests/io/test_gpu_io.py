@@ -156,6 +156,23 @@ def test_xgmi_scattered_pages(xgmi_pair, pages):
     target.call("free", name)
 
 
+def _staged_session(init, target, name: str, span: int, tdev: int, op: str, seed: int):
+    """Remote buffer `name` and a local one of `span` bytes with a session between them; the
+    random payload sits at the source end (local for a write, remote for a read), the other
+    end is filled with a marker (local 0xA5, remote 0x5A). Returns (payload, local, lm, sess)."""
+    rm = target.alloc(name, span, tdev)
+    payload = _rand(span, "cuda:0", seed)
+    local = torch.full((span,), 0xA5, dtype=torch.uint8, device="cuda:0")
+    lm = init.register_torch_tensor(local)
+    sess = init.create_session(lm, rm)
+    if op == "write":
+        local.copy_(payload)
+        target.call("fill", (name, 0x5A))
+    else:
+        target.call("put", (name, 0, payload.cpu().numpy().tobytes()))
+    return payload, local, lm, sess
+
+
 @pytest.mark.parametrize("op", ["write", "read"])
 @pytest.mark.parametrize("arrays", ["list", "numpy"])
 def test_xgmi_segments_across_kernel_pieces(xgmi_pair, op, arrays):
@@ -166,19 +183,10 @@ def test_xgmi_segments_across_kernel_pieces(xgmi_pair, op, arrays):
     init, target, tdev = xgmi_pair
     span = 4 << 20
     name = f"pieces-{op}-{arrays}"
-    rm = target.alloc(name, span, tdev)
     offs_l = [0, 40_000, 200_003, 310_000, 1 << 20]
     offs_r = [2 << 20, 3, 500_000, 700_001, 1_000_000]
     sizes = [16384 + 1, 3 * 16384 - 7, 100_000, 1, (1 << 20) + 16]
-    payload = _rand(span, "cuda:0", 99)
-    local = torch.full((span,), 0xA5, dtype=torch.uint8, device="cuda:0")
-    lm = init.register_torch_tensor(local)
-    sess = init.create_session(lm, rm)
-    if op == "write":
-        local.copy_(payload)
-        target.call("fill", (name, 0x5A))
-    else:
-        target.call("put", (name, 0, payload.cpu().numpy().tobytes()))
+    payload, local, lm, sess = _staged_session(init, target, name, span, tdev, op, 99)
     conv = (lambda v: np.asarray(v, dtype=np.int64)) if arrays == "numpy" else list
     f = sess.batch_write if op == "write" else sess.batch_read
     st = f(conv(offs_l), conv(offs_r), conv(sizes), sess.allocate_transfer_uid())
@@ -321,16 +329,7 @@ def test_xgmi_proxy_takes_what_fits_and_launches_the_rest(proxy_pair, op):
     init, target, tdev = proxy_pair
     span = 160 << 20
     name = f"proxy-routes-{op}"
-    rm = target.alloc(name, span, tdev)
-    payload = _rand(span, "cuda:0", 5)
-    local = torch.full((span,), 0xA5, dtype=torch.uint8, device="cuda:0")
-    lm = init.register_torch_tensor(local)
-    sess = init.create_session(lm, rm)
-    if op == "write":
-        local.copy_(payload)
-        target.call("fill", (name, 0x5A))
-    else:
-        target.call("put", (name, 0, payload.cpu().numpy().tobytes()))
+    payload, local, lm, sess = _staged_session(init, target, name, span, tdev, op, 5)
     torch.cuda.synchronize()
     page = 8192
     # segments 2 pages apart (never merged), remote offsets reversed; no two cases overlap at either end

@@ -59,6 +59,7 @@ constexpr uint32_t kPollStaggerNs = 500;
 // the copy.
 constexpr uint32_t kLeaderPieces = 4;  // about half a GPU->host read round trip
 constexpr uint32_t kWarp = 32;
+static_assert(kHeaderWords + kSegWords * kLeaderPieces <= kWarp, "a leader-copied entry must fit one warp read");
 
 struct ProxyArgs {
   ProxyEntry* ring;
@@ -153,27 +154,6 @@ __device__ void LeaderCopyFromRegisters(uint64_t v, uint32_t lane) {
   dev::SyncWarp();
 }
 
-// The leader warp copies a small entry (<= kLeaderPieces pieces) from its
-// mailbox copy and publishes it; the copy blocks skip such entries.
-__device__ void LeaderCopy(const volatile uint32_t* mb, uint32_t lane) {
-  const uint32_t count = mb[0];
-  for (uint32_t i = 0; i < count && i < CopyProxy::kMaxSegments; ++i) {
-    const volatile uint32_t* sw = mb + kHeaderWords + kSegWords * i;
-    const uint64_t src = sw[0] | static_cast<uint64_t>(sw[1]) << 32;
-    const uint64_t dst = sw[2] | static_cast<uint64_t>(sw[3]) << 32;
-    const uint32_t size = sw[4];
-    for (uint32_t off = 0; off < size; off += 1u << kPieceShift)
-      CopyPieceWarp(reinterpret_cast<const uint8_t*>(src) + off, reinterpret_cast<uint8_t*>(dst) + off,
-                    min(1u << kPieceShift, size - off), lane);
-  }
-  dev::SyncWarp();
-  if (lane == 0) {
-    dev::FenceSys();  // after the warp barrier: orders every lane's copies (cumulative)
-    *reinterpret_cast<volatile uint32_t*>(static_cast<uintptr_t>(mb[3] | static_cast<uint64_t>(mb[4]) << 32)) = mb[2];
-  }
-  dev::SyncWarp();
-}
-
 // The leader (warp 0 of block 0): waits for ring entry `next`, hands it to
 // the copy blocks, or decides to leave.
 __device__ uint32_t LeaderWait(const ProxyArgs& a, uint32_t next, uint32_t lane) {
@@ -230,13 +210,13 @@ __device__ uint32_t LeaderWait(const ProxyArgs& a, uint32_t next, uint32_t lane)
   }
   // A small entry the leader copies itself, before anything else: its
   // latency is the point. (The copy blocks skip it: see `needed`.)
+  // Every segment has at least one piece (Post takes no empty ones), so an
+  // entry of <= kLeaderPieces pieces has <= 4 segments: all its words are in
+  // the warp's registers.
   const uint32_t pieces = static_cast<uint32_t>(dev::ShflIdx(static_cast<int>(v), 1));
-  const uint32_t count = static_cast<uint32_t>(dev::ShflIdx(static_cast<int>(v), 0));
-  const bool inRegisters = kHeaderWords + kSegWords * count <= kWarp;
-  if (pieces <= kLeaderPieces && inRegisters) LeaderCopyFromRegisters(v, lane);
+  if (pieces <= kLeaderPieces) LeaderCopyFromRegisters(v, lane);
   __threadfence();  // each lane's mailbox words before `posted` ...
   dev::SyncWarp();  // ... and all lanes' before lane 0's store
-  if (pieces <= kLeaderPieces && !inRegisters) LeaderCopy(a.st->mailbox[next % CopyProxy::kRing], lane);
   if (lane == 0) {
     // Device scope is enough: only this GPU's blocks read `posted`.
     *reinterpret_cast<volatile uint32_t*>(&a.st->posted) = next + 1;
@@ -461,6 +441,10 @@ uint64_t CopyProxy::Launches() const {
 
 bool CopyProxy::Post(const CopySeg* segs, size_t count, uint64_t totalBytes, const KernelSignal& signal) {
   if (count == 0 || count > kMaxSegments || totalBytes > config_.maxBytes) return false;
+  // The engine drops empty segments before a backend sees them; the kernel
+  // relies on it (a segment is at least one piece), so anything else is launched.
+  for (size_t i = 0; i < count; ++i)
+    if (segs[i].size == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ || head_ - __atomic_load_n(&ctl_->consumed, __ATOMIC_ACQUIRE) >= kRing) return false;
   // Every word tagged with the entry's number (see ProxyEntry); segments

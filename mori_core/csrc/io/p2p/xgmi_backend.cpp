@@ -51,30 +51,29 @@ XgmiTuning XgmiTuning::FromEnv() {
 
 namespace {
 
-// The copy proxy's settings: the config's fields, each overridden by its
-// environment variable when set (so a framework adapter's engine can be tuned
-// without code). Errors name whichever the value came from.
+// One setting: the config field, or its environment variable when that is
+// set; out of [lo, hi] raises naming whichever it came from.
+int64_t ProxySetting(const char* var, const char* field, int64_t fromConfig, int64_t lo, int64_t hi, bool size) {
+  const bool fromEnv = env::GetString(var).has_value();
+  const int64_t v = !fromEnv ? fromConfig
+                    : size   ? static_cast<int64_t>(env::GetSize(var, 0))
+                             : env::GetInt(var, fromConfig);
+  if (v < lo || v > hi)
+    throw InvalidArgument(std::string(fromEnv ? var : field) + "=" + std::to_string(v) + " must be in [" +
+                          std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+// The copy proxy's settings (a framework adapter's engine can be tuned by
+// environment without code).
 ProxyConfig ProxySettings(const XgmiBackendConfig& c) {
   ProxyConfig p;
-  const bool envBlocks = env::GetString("MORI_IO_XGMI_PROXY_BLOCKS").has_value();
-  const int64_t blocks = env::GetInt("MORI_IO_XGMI_PROXY_BLOCKS", c.proxyBlocks);
-  if (blocks < 0 || blocks > 64)
-    throw InvalidArgument(std::string(envBlocks ? "MORI_IO_XGMI_PROXY_BLOCKS" : "XgmiBackendConfig.proxy_blocks") +
-                          "=" + std::to_string(blocks) + " must be in [0, 64] (0 = no copy proxy)");
-  p.blocks = static_cast<int>(blocks);
-  const bool envBytes = env::GetString("MORI_IO_XGMI_PROXY_MAX_BYTES").has_value();
-  const int64_t maxBytes =
-      envBytes ? static_cast<int64_t>(env::GetSize("MORI_IO_XGMI_PROXY_MAX_BYTES", 0)) : c.proxyMaxBytes;
-  if (maxBytes < 4096 || maxBytes > (256ll << 20))
-    throw InvalidArgument(std::string(envBytes ? "MORI_IO_XGMI_PROXY_MAX_BYTES" : "XgmiBackendConfig.proxy_max_bytes") +
-                          "=" + std::to_string(maxBytes) + " must be in [4096, 268435456]");
-  p.maxBytes = static_cast<uint64_t>(maxBytes);
-  const bool envIdle = env::GetString("MORI_IO_XGMI_PROXY_IDLE_US").has_value();
-  const int64_t idle = env::GetInt("MORI_IO_XGMI_PROXY_IDLE_US", c.proxyIdleUs);
-  if (idle < 10 || idle > 10000000)
-    throw InvalidArgument(std::string(envIdle ? "MORI_IO_XGMI_PROXY_IDLE_US" : "XgmiBackendConfig.proxy_idle_us") +
-                          "=" + std::to_string(idle) + " must be in [10, 10000000]");
-  p.idleUs = static_cast<uint32_t>(idle);
+  p.blocks = static_cast<int>(ProxySetting("MORI_IO_XGMI_PROXY_BLOCKS", "XgmiBackendConfig.proxy_blocks",
+                                           c.proxyBlocks, 0, CopyProxy::kMaxBlocks, false));
+  p.maxBytes = static_cast<uint64_t>(ProxySetting("MORI_IO_XGMI_PROXY_MAX_BYTES", "XgmiBackendConfig.proxy_max_bytes",
+                                                  c.proxyMaxBytes, 4096, 256ll << 20, true));
+  p.idleUs = static_cast<uint32_t>(ProxySetting("MORI_IO_XGMI_PROXY_IDLE_US", "XgmiBackendConfig.proxy_idle_us",
+                                                c.proxyIdleUs, 10, 10000000, false));
   return p;
 }
 
@@ -211,9 +210,9 @@ bool XgmiBackend::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Rou
   return true;
 }
 
-bool XgmiBackend::UseKernel(const Route& r, const SegmentList& segs) const {
+bool XgmiBackend::UseKernel(const Route& r, const SegmentList& segs, uint64_t totalBytes) const {
   return r.kernelOk && static_cast<int>(segs.size()) >= tuning_.kernelMinSegments &&
-         TotalBytes(segs) / segs.size() <= tuning_.kernelMaxAvgBytes;
+         totalBytes / segs.size() <= tuning_.kernelMaxAvgBytes;
 }
 
 void XgmiBackend::Launch(const Route& r, const SegmentList& segs, bool isRead, TransferUniqueId uid,
@@ -225,7 +224,8 @@ void XgmiBackend::Launch(const Route& r, const SegmentList& segs, bool isRead, T
     uint8_t* srcBase = isRead ? r.remotePtr : r.localPtr;
     uint8_t* dstBase = isRead ? r.localPtr : r.remotePtr;
     std::shared_ptr<GpuCompletion> c;
-    if (UseKernel(r, segs)) {
+    const uint64_t totalBytes = TotalBytes(segs);
+    if (UseKernel(r, segs, totalBytes)) {
       static thread_local std::vector<CopySeg> copies;
       copies.clear();
       for (const auto& s : segs) {
@@ -238,7 +238,7 @@ void XgmiBackend::Launch(const Route& r, const SegmentList& segs, bool isRead, T
       try {
         profile::Mark(profile::kLaunchBegin);
         // The resident proxy takes it when it fits; otherwise one launch.
-        if (dev.proxy) proxied = dev.proxy->Post(copies.data(), copies.size(), TotalBytes(segs), signal);
+        if (dev.proxy) proxied = dev.proxy->Post(copies.data(), copies.size(), totalBytes, signal);
         if (!proxied) LaunchScatterCopy(copies.data(), copies.size(), tuning_.shape, signal, stream);
         profile::Mark(profile::kLaunchEnd);
         profile::SetPath(proxied ? profile::kPathProxy : profile::kPathKernel);

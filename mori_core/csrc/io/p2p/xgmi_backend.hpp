@@ -62,7 +62,7 @@ class XgmiBackend : public Backend {
   void Launch(const Route& route, const SegmentList& segs, bool isRead, TransferUniqueId uid, const StatusPtr& status,
               RegionPin pin);
   // The scatter kernel (true) or copy engines (false) for this transfer.
-  bool UseKernel(const Route& route, const SegmentList& segs) const;
+  bool UseKernel(const Route& route, const SegmentList& segs, uint64_t totalBytes) const;
 
  private:
   int LocalOrdinal(const std::string& busId) const;
