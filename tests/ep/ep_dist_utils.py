@@ -1,6 +1,9 @@
 """Multi-process helpers for the EP tests: spawn N ranks, run a function, collect failures.
 
-Every run is bounded: a rank that hangs is killed after ``timeout`` seconds and the test fails
+GPU ranks are placed by :mod:`mori_core.placement` (``MORI_RANKS_PER_GPU=auto|N``): one rank per
+GPU where there are enough GPUs, otherwise several ranks share a GPU (separate processes, CUDA IPC
+to the same device, gloo instead of NCCL), so EP2/EP4/EP8 run their cross-rank logic on a
+one-GPU machine too. Every run is bounded: a rank that hangs is killed after ``timeout`` seconds and the test fails
 with the ranks' tracebacks. Data generation is deterministic per (seed, rank), so every rank
 can rebuild every other rank's inputs for the oracle without communicating.
 """
@@ -28,15 +31,10 @@ def _worker(rank: int, fn: Callable, world_size: int, port: int, backend: str, k
     import torch.distributed as dist
 
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            dist.init_process_group(
-                "cpu:gloo,cuda:nccl",
-                init_method=f"tcp://127.0.0.1:{port}",
-                rank=rank,
-                world_size=world_size,
-                device_id=torch.device("cuda", rank),
-            )
+        if backend == "nccl":  # NCCL when every rank has its own GPU, gloo when they share
+            from mori_core.placement import init_rank_process_group
+
+            init_rank_process_group(rank, world_size, f"tcp://127.0.0.1:{port}")
         elif backend == "gloo":
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
         fn(rank, world_size, **kwargs)
@@ -61,9 +59,15 @@ def run_ranks(
 ) -> None:
     """Run ``fn(rank, world_size, **kwargs)`` in ``world_size`` spawned processes.
 
-    ``backend``: "gloo" (CPU), "nccl" (one GPU per rank, plus gloo for CPU tensors) or None
-    (no process group). Raises AssertionError with every failing rank's traceback.
+    ``backend``: "gloo" (CPU), "nccl" (GPU ranks placed by ``MORI_RANKS_PER_GPU``: NCCL plus gloo
+    for CPU tensors with one GPU per rank, gloo alone when ranks share a GPU) or None (no process
+    group). A ``MORI_SHMEM_HEAP_SIZE`` in ``env`` is scaled down when ranks share a GPU.
+    Raises AssertionError with every failing rank's traceback.
     """
+    if backend == "nccl" and env and "MORI_SHMEM_HEAP_SIZE" in env:
+        from mori_core.placement import placement
+
+        env = dict(env, MORI_SHMEM_HEAP_SIZE=placement(world_size).heap_size(env["MORI_SHMEM_HEAP_SIZE"]))
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -174,12 +178,33 @@ def visible_gpus() -> int:
         return 0
 
 
-def need_gpus(world: int) -> None:
-    """Skip the calling test unless ``world`` GPUs are visible."""
+def need_ranks(world: int) -> None:
+    """Skip the calling test unless ``world`` GPU ranks can be placed: at least one GPU visible
+    (ranks share GPUs when there are fewer than ``world``) and ``MORI_RANKS_PER_GPU`` satisfiable."""
     import pytest
 
-    if visible_gpus() < world:
-        pytest.skip(f"needs {world} GPUs, {visible_gpus()} visible")
+    from mori_core.placement import placement
+
+    if visible_gpus() < 1:
+        pytest.skip("needs a CUDA GPU (ranks share it when there are fewer GPUs than ranks)")
+    try:
+        placement(world)
+    except ValueError as e:
+        pytest.skip(str(e))
+
+
+def rank_device(rank: int, world: int) -> torch.device:
+    """In a rank: the CUDA device ``rank`` runs on (see :mod:`mori_core.placement`)."""
+    from mori_core.placement import placement
+
+    return torch.device("cuda", placement(world).device_index(rank))
+
+
+def gpus_shared(world: int) -> bool:
+    """True when the ``world`` ranks share GPUs here (timings are then not meaningful)."""
+    from mori_core.placement import placement
+
+    return placement(world).shared
 
 
 def init_shmem_default() -> None:

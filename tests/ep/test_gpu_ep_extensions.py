@@ -1,8 +1,9 @@
 """GPU tests of the standard-MoE layout, FP8 combine and (in profiler builds) the kernel profiler,
-at world size 1 (one GPU: every token stays local, every kernel path still runs) and 2 (marked
-multigpu). Run by ``bash tools/gpu/ep15.sh``.
+at EP1 (every token stays local, every kernel path still runs), EP2, EP4 and EP8 (ranks placed by
+``MORI_RANKS_PER_GPU``: several share a GPU where there are fewer GPUs than ranks).
+Run by ``bash tools/gpu/ep15.sh``.
 
-Oracle: ReferenceEpDispatchCombineOp over the same NCCL group, bit-exact:
+Oracle: ReferenceEpDispatchCombineOp over the same process group, bit-exact:
 * dispatch_standard_moe: each local expert's rows ``[:count]``, counts, source infos, layout
   ranges and scales equal the reference's (stable source-rank-then-token order), and equal
   ``convert_dispatch_output(dispatch(...))`` on the GPU op;
@@ -25,14 +26,14 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-from ep_dist_utils import init_shmem_default, make_routing, need_gpus, run_ranks
+from ep_dist_utils import init_shmem_default, make_routing, need_ranks, rank_device, run_ranks
 
-pytestmark = [pytest.mark.gpu]  # the 2-GPU variants carry pytest.mark.multigpu themselves
+pytestmark = [pytest.mark.gpu]
 
-WORLDS = [1, pytest.param(2, marks=pytest.mark.multigpu)]
+WORLDS = [1, 2, 4, 8]
 
 
-_need = need_gpus
+_need = need_ranks
 _init_shmem = init_shmem_default  # (run in ranks)
 
 
@@ -323,7 +324,7 @@ def _suite(rank: int, world: int, out_path: str) -> None:
     import torch.distributed as dist
 
     _init_shmem()
-    dev = torch.device("cuda", rank)
+    dev = rank_device(rank, world)
     fp8 = torch.float8_e4m3fn
     cases: list[tuple[str, Callable[[], list[str]]]] = [
         # (seed, hidden, dispatch dtype, scale_dim, experts in total, topk, combine dtype, weighted, dup ids, quant, launch)
@@ -386,7 +387,7 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
     from mori_core.ops import EpDispatchCombineOp
 
     _init_shmem()
-    dev = torch.device("cuda", rank)
+    dev = rank_device(rank, world)
     cfg = _config(rank, world, 2048, 64, 16 // world, 4)
     op = EpDispatchCombineOp(cfg)
     mine = _inputs(40, world, [64] * world, 2048, 16, 4, torch.bfloat16, 0, False, dev)[rank]
