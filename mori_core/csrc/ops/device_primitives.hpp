@@ -42,6 +42,7 @@ __device__ __forceinline__ void Backoff(uint32_t ns) {
 }
 __device__ __forceinline__ int ShflIdx(int v, int src) { return __shfl(v, src); }
 __device__ __forceinline__ int ShflUp(int v, int d) { return __shfl_up(v, d); }
+__device__ __forceinline__ void PrefetchL2(const void* p) { __builtin_prefetch(p); }
 __device__ __forceinline__ int4 LoadStream(const int4* p) {
   typedef int NativeInt4 __attribute__((ext_vector_type(4)));
   const NativeInt4 v = __builtin_nontemporal_load(reinterpret_cast<const NativeInt4*>(p));
@@ -93,6 +94,8 @@ __device__ __forceinline__ void Backoff(uint32_t ns) {
 }
 __device__ __forceinline__ int ShflIdx(int v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ int ShflUp(int v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
+// Starts moving one 128-byte line into L2 without waiting for it.
+__device__ __forceinline__ void PrefetchL2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // Read-only input: non-coherent path, no L1 allocation (streamed once).
 __device__ __forceinline__ int4 LoadStream(const int4* p) {
   int4 v;

@@ -93,12 +93,14 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   constexpr int kE = VT::kElems;
   constexpr int kU = CombineShape<Tag, kWorld>::kUnroll;
   constexpr int kAlign = kQuant == kQuantFp8Block ? kFp8BlockVecs : 1;
-  // Own rows go through local staging too (push): summed from 3-D rows (standard MoE) or quantised.
+  // Own rows go through local staging too (push): summed from 3-D rows (standard MoE) or quantised,
+  // or copied when they (or their weights) lie in this rank's dispatch outputs (p.stage_own).
   constexpr bool kStaged = kStd || kQuant != kQuantNone;
   __shared__ int s_flag;
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
+  const bool staged = kStaged || p.stage_own;
   const uint32_t round = st->combine_epoch + 1;
   MORI_PROF_BEGIN(a, kProfCombineStage, round);
   // The previous launch used the other queue and has completed: clear it for the next one.
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
       const int i = item % total, part = item / total;
       const int pos = a.buf.src_pos[i];
       const int s = pos / g.max_send, t = pos - s * g.max_send;
-      if (!kStaged && s == g.rank) continue;  // own rows are read in place by the reduce
+      if (!staged && s == g.rank) continue;  // own rows are read in place by the reduce
       const size_t stage_row = static_cast<size_t>(g.rank) * g.max_tok + t;
       uint8_t* dst_row = Peer(a, a.buf.stage, s) + stage_row * p.row_bytes;
       const int v0b = part * sp.vpp, v1 = min(vecs, v0b + sp.vpp);
@@ -160,7 +162,9 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
         Peer(a, a.buf.stage_weights, s)[stage_row * g.topk + lane] = p.weights[static_cast<size_t>(i) * g.topk + lane];
     }
   } else {
-    if (use_w && !p.weights_symmetric) {
+    // Peers read these in phase 1. Not the dispatch's own weights in place: a third rank's next
+    // dispatch may overwrite those while this combine's readers are still reducing.
+    if (use_w) {
       const int n = total * g.topk;
       for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         a.buf.combine_inp_weights[i] = p.weights[i];
@@ -179,17 +183,18 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   MORI_PROF_END(a, kProfCombineStage, round);
   MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
 
-  // Barrier with every peer.
+  // Barrier with every peer. The own flag also orders this rank's phase 0 before its phase 1
+  // in every block; only a plain push reads nothing this rank's other blocks wrote in phase 0,
+  // so only there is it skipped. No fence before the release stores (see the dispatch).
+  const bool own_unneeded = kPush && !staged;
+  const bool flag_peer =
+      static_cast<int>(threadIdx.x) < world && !(own_unneeded && static_cast<int>(threadIdx.x) == g.rank);
   if (ArriveLast(&st->combine_arrive, &s_flag)) {
-    if (static_cast<int>(threadIdx.x) < world) {
-      FenceSys();
-      StoreReleaseSys(Peer(a, a.buf.combine_flags + g.rank, threadIdx.x), round);
-    }
+    if (flag_peer) StoreReleaseSys(Peer(a, a.buf.combine_flags + g.rank, threadIdx.x), round);
     if (threadIdx.x == 0) st->combine_epoch = round;
   }
   bool ok = true;
-  if (static_cast<int>(threadIdx.x) < world)
-    ok = WaitRound(a, a.buf.combine_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+  if (flag_peer) ok = WaitRound(a, a.buf.combine_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x);
   MORI_PROF_END(a, kProfCombineBarrier, round);
   if (!__syncthreads_and(ok) || !rows_ok) return;
   MORI_PROF_BEGIN(a, kProfCombineReduce, round);
@@ -227,7 +232,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
       const size_t slot = static_cast<size_t>(max(slot_of[r], 0));
       const uint8_t* row;
       if (kPush) {
-        if (r == g.rank && !kStaged)
+        if (r == g.rank && !staged)
           row = p.input + slot * p.row_bytes;
         else
           row = a.buf.stage + (static_cast<size_t>(r) * g.max_tok + t) * p.row_bytes;
@@ -307,11 +312,10 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
         if (!on[r]) continue;
         const size_t slot = static_cast<size_t>(slot_of[r]);
         if (kPush)
-          w += r == g.rank ? p.weights[slot * g.topk + lane]
-                           : a.buf.stage_weights[(static_cast<size_t>(r) * g.max_tok + t) * g.topk + lane];
+          w += r == g.rank && !staged ? p.weights[slot * g.topk + lane]
+                                      : a.buf.stage_weights[(static_cast<size_t>(r) * g.max_tok + t) * g.topk + lane];
         else
-          w += (p.weights_symmetric ? Peer(a, a.buf.dispatch_out_weights, r)
-                                    : Peer(a, a.buf.combine_inp_weights, r))[slot * g.topk + lane];
+          w += Peer(a, a.buf.combine_inp_weights, r)[slot * g.topk + lane];
       }
       a.buf.combine_out_weights[static_cast<size_t>(t) * g.topk + lane] = w;
     }

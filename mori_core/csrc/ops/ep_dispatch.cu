@@ -84,6 +84,11 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       a.buf.token_mask[r0 + tid] = mask;
     }
     s_mask[tid] = mask;
+    {  // the rows start moving into L2 while the slot reservation below is in flight
+      const uint8_t* rows = p.input + static_cast<size_t>(r0) * p.row_bytes;
+      const int lines = (cnt * p.row_bytes) >> 7;
+      for (int l = tid; l < lines; l += T) PrefetchL2(rows + (static_cast<size_t>(l) << 7));
+    }
     int prefix[kWorld];
 #pragma unroll
     for (int r = 0; r < kWorld; ++r) {
@@ -122,7 +127,8 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
         }
       }
       if constexpr (kStd)
-        s_dup[tid] = StdTokenRows(a, round, static_cast<int>(t), p.indices + t * g.topk, s_ebase, s_rows + tid * g.topk);
+        s_dup[tid] = StdTokenRows(a, (st->std_plans + 1) & 1, static_cast<int>(t), p.indices + t * g.topk, s_ebase,
+                                  s_rows + tid * g.topk);
     }
     __syncthreads();
     MORI_PROF_END(a, kProfDispatchRoute, round);
@@ -194,12 +200,15 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   // 5. completion: the last block signals the round to every peer, then waits for theirs
   if (!ArriveLast(&st->dispatch_arrive, s_flag)) return;
   MORI_PROF_BEGIN(a, kProfDispatchSignal, round);
-  if (tid < world) {
-    FenceSys();
-    StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
-  }
+  // No store/wait of this rank's own flag: its blocks all arrived (ArriveLast). No fence before
+  // the release stores: ArriveLast's fence, after every block's arrival, already orders this
+  // rank's writes, and the barrier above carries that to these threads' release stores.
+  // (Issue #19: EP8 x 1000 rounds on one GPU; ordering across two physical GPUs is confirmed
+  // only by a 2-GPU run of the same test.)
+  const bool flag_peer = tid < world && tid != g.rank;
+  if (flag_peer) StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
   bool ok = true;
-  if (tid < world) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
+  if (flag_peer) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
   if (!__syncthreads_and(ok)) return;
   if (tid == 0) {
     // Every peer reserved its slots before signalling, so the counter is final.

@@ -292,8 +292,7 @@ int EpHandle::CombineGrid(int dtype, bool push, bool standard_moe, int warps, in
 }
 
 void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights, int weight_rows,
-                       bool weights_symmetric, uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
-                       uintptr_t stream) {
+                       uintptr_t indices, int num_tokens, bool push, int blocks, int warps, uintptr_t stream) {
   const int row_bytes = CheckedCombineRowBytes(dtype, hidden_dim, num_tokens, indices, blocks, warps);
   EP_CHECK_ARG(!push || input % 16 == 0, "input must be 16-byte aligned");
   blocks = CombineGrid(dtype, push, false, warps, blocks);
@@ -304,7 +303,17 @@ void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_row
   p.row_bytes = row_bytes;
   p.input_rows = input_rows;
   p.weight_rows = weight_rows;
-  p.weights_symmetric = weights_symmetric ? 1 : 0;
+  // Peers write this rank's dispatch outputs in their next dispatch, which may start before this
+  // rank's reduce ends: rows or weights that live there are staged first (a local copy).
+  const auto inside = [](uintptr_t p, const void* base, size_t bytes) {
+    const auto b = reinterpret_cast<uintptr_t>(base);
+    return p >= b && p < b + bytes;
+  };
+  const size_t recv = static_cast<size_t>(cfg_.max_num_tokens_to_recv);
+  p.stage_own = (inside(input, args_.buf.dispatch_out, recv * row_cap_) ||
+                 inside(weights, args_.buf.dispatch_out_weights, recv * cfg_.num_experts_per_token * sizeof(float)))
+                    ? 1
+                    : 0;
   p.num_tokens = num_tokens;
   p.check_input_rows = push ? 1 : 0;
   p.quant = combine_quant_;

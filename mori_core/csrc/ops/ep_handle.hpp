@@ -50,7 +50,7 @@ class EpHandle {
   void Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales, uintptr_t indices,
                 int blocks, int warps, uintptr_t stream);
   void Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights, int weight_rows,
-               bool weights_symmetric, uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
+               uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
                uintptr_t stream);
 
   // name -> (device pointer, bytes) of the buffers Python views.

@@ -26,7 +26,9 @@ __global__ void __launch_bounds__(kStdPlanThreads) StdPlanKernel(EpKernelArgs a,
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
-  const uint32_t round = st->dispatch_epoch + 1, parity = round & 1;
+  // Counts are published per dispatch round (peers index them by round parity); the token
+  // bitmaps alternate per plan (see EpSyncState::std_plans).
+  const uint32_t round = st->dispatch_epoch + 1, parity = st->std_plans & 1;
   MORI_PROF_BEGIN(a, kProfStdPlan, round);
   const int ne = g.num_experts, words = g.tok_words, nw = (n + 31) >> 5;
   uint32_t* bits = a.std.plan_bits + static_cast<size_t>(parity) * ne * words;
@@ -51,10 +53,11 @@ __global__ void __launch_bounds__(kStdPlanThreads) StdPlanKernel(EpKernelArgs a,
   if (threadIdx.x == 0) {
     st->plan_words[parity] = nw;
     st->plan_words[parity ^ 1] = 0;
+    st->std_plans += 1;  // every block read it at its start; the dispatch reads it after this kernel
   }
   __syncthreads();
   // Publish this rank's per-expert totals to every rank, then the round flag.
-  int32_t* mine = a.buf.std_counts + (static_cast<size_t>(parity) * g.world + g.rank) * ne;
+  int32_t* mine = a.buf.std_counts + (static_cast<size_t>(round & 1) * g.world + g.rank) * ne;
   for (int i = threadIdx.x; i < g.world * ne; i += blockDim.x) Peer(a, mine, i / ne)[i % ne] = s_count[i % ne];
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < g.world) {

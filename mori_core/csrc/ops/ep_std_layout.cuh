@@ -79,11 +79,12 @@ __device__ __forceinline__ bool StdWaitCounts(const EpKernelArgs& a, uint32_t ro
 
 // Packed row (on its destination rank) of every k entry of this rank's token t;
 // -1 for dropped ids. Returns the mask of k entries that repeat an earlier expert
-// of the token (they share its row and are not copied twice).
-__device__ __forceinline__ uint32_t StdTokenRows(const EpKernelArgs& a, uint32_t round, int t, const int32_t* ids,
-                                                 const int32_t* s_ebase, int32_t* rows) {
+// of the token (they share its row and are not copied twice). `plan_parity`: the
+// bitmap the plan kernel just before this dispatch set ((std_plans - 1) & 1).
+__device__ __forceinline__ uint32_t StdTokenRows(const EpKernelArgs& a, uint32_t plan_parity, int t,
+                                                 const int32_t* ids, const int32_t* s_ebase, int32_t* rows) {
   const EpGeometry& g = a.geo;
-  const uint32_t* bits = a.std.plan_bits + static_cast<size_t>(round & 1) * g.num_experts * g.tok_words;
+  const uint32_t* bits = a.std.plan_bits + static_cast<size_t>(plan_parity) * g.num_experts * g.tok_words;
   uint32_t dup = 0;
   for (int k = 0; k < g.topk; ++k) {
     const int e = ids[k];

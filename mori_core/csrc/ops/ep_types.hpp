@@ -61,7 +61,10 @@ struct EpSyncState {
   uint32_t std_round;        // dispatch round whose standard-MoE layout is current (0: none)
   int32_t dispatch_weighted; // the last dispatch carried gating weights
   int32_t plan_words[2];     // token-bitmap words the plan of each parity set (cleared before its reuse)
-  int32_t pad_;
+  // Standard-MoE plans run so far: the token bitmaps alternate per plan (parity std_plans & 1), not
+  // per dispatch round, because plain dispatches may run between two plans and each plan clears
+  // the bitmap the plan before it set.
+  uint32_t std_plans;
 };
 
 struct EpGeometry {
@@ -149,7 +152,10 @@ struct CombineParams {
   int32_t row_bytes;
   int32_t input_rows;
   int32_t weight_rows;
-  int32_t weights_symmetric;  // weights == this rank's dispatch_out_weights: peers read them in place
+  // 1: this rank's own rows and weights also go through its staging buffer. Needed when `input`
+  // or `weights` lie in this rank's dispatch outputs: a peer that finished this combine may start
+  // its next dispatch and overwrite them while this rank still reduces.
+  int32_t stage_own;
   int32_t num_tokens;
   int32_t check_input_rows;   // push mode reads `input`; pull mode reads combine_inp
   int32_t quant;              // EpCombineQuant of the rows that cross the link

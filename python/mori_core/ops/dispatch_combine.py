@@ -302,7 +302,9 @@ class EpDispatchCombineOp(StandardMoeMixin, ProfilerMixin):
                 input.data_ptr(),
                 rows.row_bytes,
                 n,
-                0 if weights is None else weights.data_ptr(),
+                # An empty weights tensor (a rank with no tokens) has address 0, but the address also
+                # says whether this round carries weights: receivers weight standard-MoE rows by it.
+                0 if weights is None else (weights.data_ptr() or self._out_weights_ptr),
                 scales.data_ptr() if has_scales else 0,
                 indices.data_ptr(),
                 p.block_num,
@@ -452,7 +454,6 @@ class EpDispatchCombineOp(StandardMoeMixin, ProfilerMixin):
             in_rows = int(input.shape[0])
         p = self._launches.get("combine_push" if push else "combine_pull", n, block_num, warp_per_block)
         self._cached_combine_launch = p
-        w_ptr = weights.data_ptr() if has_weights else 0
         try:
             self._launch_combine(
                 self._handle_addr,
@@ -460,9 +461,8 @@ class EpDispatchCombineOp(StandardMoeMixin, ProfilerMixin):
                 rows.dtype_code,
                 rows.view.shape[1],
                 in_rows,
-                w_ptr,
+                weights.data_ptr() if has_weights else 0,
                 int(weights.shape[0]) if has_weights else 0,
-                has_weights and w_ptr == self._out_weights_ptr,
                 indices.data_ptr(),
                 n,
                 push,

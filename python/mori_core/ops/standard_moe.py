@@ -122,7 +122,8 @@ class StandardMoeMixin:
             input.data_ptr(),
             row_bytes,
             args.num_tokens,
-            weights.data_ptr() if args.has_weights else 0,
+            # Non-zero whenever weights were given, also for 0 tokens (see EpDispatchCombineOp.dispatch).
+            (weights.data_ptr() or self._out_weights_ptr) if args.has_weights else 0,
             scales.data_ptr() if args.has_scales else 0,
             indices.data_ptr(),
             p.block_num,

@@ -134,12 +134,15 @@ std::map<std::string, double> SelfTest(int peer, size_t bytes, int64_t timeout_m
   int64_t* out = nullptr;
   MORI_GPU_CHECK(cudaMalloc(&out, 3 * sizeof(int64_t)));
   MORI_GPU_CHECK(cudaMemset(out, 0, 3 * sizeof(int64_t)));
-  const int me = nvshmem_my_pe();
+  const int me = nvshmem_my_pe(), n = nvshmem_n_pes();
+  // Every PE sends to the PE at the same offset, so this one receives from the PE that far behind
+  // it (the same PE as `peer` only with 2 PEs).
+  const int from = ((2 * me - peer) % n + n) % n;
   FillKernel<<<64, 256>>>(src, bytes, static_cast<uint8_t>(me * 31 + 1));
   MORI_GPU_CHECK(cudaDeviceSynchronize());
   nvshmem_barrier_all();  // every PE filled its source before any put
   SelfTestKernel<<<1, 256>>>(dst, src, bytes, sig, peer, static_cast<uint64_t>(timeout_ms) * 1000000ull,
-                              static_cast<uint8_t>(peer * 31 + 1), out);
+                              static_cast<uint8_t>(from * 31 + 1), out);
   MORI_GPU_CHECK(cudaGetLastError());
   MORI_GPU_CHECK(cudaDeviceSynchronize());
   int64_t h[3];

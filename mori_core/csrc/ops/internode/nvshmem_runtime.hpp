@@ -24,7 +24,8 @@ int NPes();
 void* Malloc(size_t bytes);
 void Free(void* p);
 // Bring-up check of the engine: a put-with-signal of `bytes` to `peer` and a
-// bounded wait for the peer's; verifies the bytes received. Keys: ok,
+// bounded wait for the signal of the PE that sends here (every PE calls it with
+// the same offset peer - me); verifies the bytes received. Keys: ok,
 // mismatches, signal_timeout, us (put + wait time on the device).
 std::map<std::string, double> SelfTest(int peer, size_t bytes, int64_t timeout_ms);
 
