@@ -1,8 +1,10 @@
-"""GPU tests of the IntraNode EP kernels (2 and 4 GPUs; skipped without GPUs).
+"""GPU tests of the IntraNode EP kernels at EP1, EP2, EP4 and EP8 (skipped without a GPU).
 
-Oracles: dispatch rows are checked bit-exactly against the source rank's tensors through
-``get_dispatch_src_token_pos``; combine is checked bit-exactly against
-ReferenceEpDispatchCombineOp over the same NCCL group (both sum fp32 in rank order).
+Ranks are placed by ``MORI_RANKS_PER_GPU`` (tests/ep/ep_dist_utils.py): one per GPU where there
+are enough, otherwise several ranks share a GPU, so every cross-rank path runs on a one-GPU
+machine as well. Oracles: dispatch rows are checked bit-exactly against the source rank's tensors
+through ``get_dispatch_src_token_pos``; combine is checked bit-exactly against
+ReferenceEpDispatchCombineOp over the same process group (both sum fp32 in rank order).
 Run on the GPU machine with ``bash tools/gpu/ep.sh``.
 """
 
@@ -14,16 +16,16 @@ import tempfile
 import pytest
 import torch
 
-from ep_dist_utils import init_shmem_default, make_routing, need_gpus, run_ranks
+from ep_dist_utils import init_shmem_default, make_routing, need_ranks, rank_device, run_ranks
 
-pytestmark = [pytest.mark.gpu]  # multi-GPU tests carry pytest.mark.multigpu themselves
+pytestmark = [pytest.mark.gpu]
 
 HIDDEN_BIG = 7168
 NUM_EXPERTS = 256
 TOPK = 8
 
 
-_need = need_gpus
+_need = need_ranks
 _init_shmem = init_shmem_default  # (run in ranks)
 
 
@@ -212,6 +214,73 @@ def _bad_input_on_the_hot_path(rank: int, world: int, dev: torch.device) -> None
     dist.barrier()
 
 
+
+def _back_to_back(rank: int, world: int, dev: torch.device, rounds: int, push: bool) -> None:
+    """``rounds`` dispatch + combine rounds back to back, no host synchronisation, with a random
+    token count per rank and round (0 included). Identity experts and a sign flip every round:
+    round i's combine of this rank's first n_i tokens is exactly (-1)^i * x * (number of unique
+    destination ranks), and its combined weights are each weight added once per destination rank,
+    checked for every round through fp64 sums and in full for the last. The dispatch's own outputs
+    go straight back into combine (rows in push mode, weights in both), as a caller may do."""
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp
+
+    cfg = _config(rank, world, HIDDEN_BIG, 128, push=push, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    mine = _all_inputs(9, world, [128] * world, HIDDEN_BIG, torch.bfloat16, 0, dev)[rank]
+    g = torch.Generator().manual_seed(4242 + rank)
+    counts = torch.randint(0, 129, (rounds,), generator=g)
+    counts[torch.rand(rounds, generator=g) < 0.1] = 0  # about one round in ten with no tokens here
+    counts[-1] = 128
+    idx = mine["idx"].to(torch.int64)
+    valid = (idx >= 0) & (idx < NUM_EXPERTS)
+    dest = torch.where(valid, idx // cfg.num_experts_per_rank, torch.full_like(idx, world))
+    ndest = torch.zeros(128, world + 1, dtype=torch.bool, device=dev).scatter_(1, dest, True)[:, :world].sum(1)
+    full = (mine["x"].float() * ndest[:, None]).to(torch.bfloat16)  # round 0's combine of all 128 tokens
+    # Expected fp64 sum of every round: the sum of the first n rows, signed by the round's parity.
+    prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=dev), full.to(torch.float64).sum(1).cumsum(0)])
+    want = torch.tensor([(-1.0) ** i for i in range(rounds)], dtype=torch.float64, device=dev) * prefix[counts.to(dev)]
+    w_full = torch.zeros_like(mine["w"])  # fp32 sums in the kernel's order: one add per destination rank
+    for k in range(world):
+        w_full = w_full + torch.where(ndest[:, None] > k, mine["w"], torch.zeros_like(mine["w"]))
+    w_prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=dev), w_full.to(torch.float64).sum(1).cumsum(0)])
+    w_want = w_prefix[counts.to(dev)]
+    x = mine["x"].clone()
+    sums = torch.zeros(rounds, dtype=torch.float64, device=dev)
+    w_sums = torch.zeros(rounds, dtype=torch.float64, device=dev)
+    reg = op.get_registered_combine_input_buffer(torch.bfloat16)
+    torch.cuda.synchronize()
+    dist.barrier()
+    for i, n in enumerate(counts.tolist()):
+        out, out_w, _, _, _ = op.dispatch(x[:n], mine["w"][:n], None, mine["idx"][:n])
+        if push:
+            comb, comb_w = op.combine(out, out_w, mine["idx"][:n], use_external_inp_buf=1)
+        else:
+            reg.copy_(out)  # capacity rows: no host read of total_recv inside the loop
+            comb, comb_w = op.combine(reg, out_w, mine["idx"][:n], use_external_inp_buf=0)
+        sums[i] = comb[:n].to(torch.float64).sum()
+        w_sums[i] = comb_w[:n].to(torch.float64).sum()
+        x.neg_()
+    torch.cuda.synchronize()
+    op.check_error()
+    bad = torch.nonzero(sums != want).flatten().tolist()
+    assert not bad, (
+        f"{len(bad)} of {rounds} rounds differ (push={push}); first {bad[:5]}: got {sums[bad[:3]].tolist()}, "
+        f"expected {want[bad[:3]].tolist()}"
+    )
+    bad = torch.nonzero(w_sums != w_want).flatten().tolist()
+    assert not bad, (
+        f"{len(bad)} of {rounds} rounds' combined weights differ (push={push}); first {bad[:5]}: got "
+        f"{w_sums[bad[:3]].tolist()}, expected {w_want[bad[:3]].tolist()}"
+    )
+    last = -1.0 if (rounds - 1) % 2 else 1.0
+    assert torch.equal(comb[:128], (mine["x"].float() * last * ndest[:, None]).to(torch.bfloat16))
+    assert torch.equal(comb_w[:128], w_full)
+    op.close()
+    dist.barrier()
+
+
 def _suite(rank: int, world: int) -> None:
     """Matrix of dtypes / hidden sizes / modes with ragged token counts, then graphs, then
     1000 back-to-back rounds, then error reporting."""
@@ -220,7 +289,7 @@ def _suite(rank: int, world: int) -> None:
     from mori_core.ops import EpDispatchCombineOp, EpOpError, ReferenceEpDispatchCombineOp
 
     _init_shmem()
-    dev = torch.device("cuda", rank)
+    dev = rank_device(rank, world)
     fp8 = torch.float8_e4m3fn
     cases = [
         # hidden, dtype, scale_dim, comb_dtype, push, weights_in_place
@@ -253,8 +322,8 @@ def _suite(rank: int, world: int) -> None:
     cfg = _config(rank, world, HIDDEN_BIG, 128, push=True, max_type=2)
     op = EpDispatchCombineOp(cfg)
     ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
-    n_tok = 96 + 8 * rank
-    static = _all_inputs(77, world, [96 + 8 * r for r in range(world)], HIDDEN_BIG, torch.bfloat16, 0, dev)[rank]
+    n_tok = 96 + 4 * rank
+    static = _all_inputs(77, world, [96 + 4 * r for r in range(world)], HIDDEN_BIG, torch.bfloat16, 0, dev)[rank]
     s = torch.cuda.Stream(dev)
     s.wait_stream(torch.cuda.current_stream(dev))
     graph = torch.cuda.CUDAGraph()
@@ -266,7 +335,7 @@ def _suite(rank: int, world: int) -> None:
     torch.cuda.synchronize()
     dist.barrier()
     for rep in range(5):
-        data = _all_inputs(500 + rep, world, [96 + 8 * r for r in range(world)], HIDDEN_BIG, torch.bfloat16, 0, dev)
+        data = _all_inputs(500 + rep, world, [96 + 4 * r for r in range(world)], HIDDEN_BIG, torch.bfloat16, 0, dev)
         for k in ("x", "w", "idx"):
             static[k].copy_(data[rank][k])
         torch.cuda.synchronize()
@@ -287,36 +356,7 @@ def _suite(rank: int, world: int) -> None:
     op.close()
     dist.barrier()
 
-    # 1000 back-to-back rounds, no host synchronisation. Identity experts; the input flips
-    # sign every round, so round i's combine sum is exactly (-1)^i times round 0's.
-    cfg = _config(rank, world, HIDDEN_BIG, 128, push=False, max_type=2)
-    op = EpDispatchCombineOp(cfg)
-    mine = _all_inputs(9, world, [128] * world, HIDDEN_BIG, torch.bfloat16, 0, dev)[rank]
-    x = mine["x"].clone()
-    rounds = 1000
-    sums = torch.zeros(rounds, dtype=torch.float64, device=dev)
-    reg = op.get_registered_combine_input_buffer(torch.bfloat16)
-    torch.cuda.synchronize()
-    dist.barrier()
-    for i in range(rounds):
-        out, out_w, _, _, total = op.dispatch(x, mine["w"], None, mine["idx"])
-        reg.copy_(out)  # capacity rows: no host read of total_recv inside the loop
-        comb, _ = op.combine(reg, out_w, mine["idx"], use_external_inp_buf=0)
-        sums[i] = comb[:128].to(torch.float64).sum()
-        x.neg_()
-    torch.cuda.synchronize()
-    op.check_error()
-    sums = sums.cpu()
-    assert sums[0] != 0
-    assert torch.all(sums[0::2] == sums[0]) and torch.all(sums[1::2] == -sums[0]), "a round produced different data"
-    idx = mine["idx"].to(torch.int64)
-    valid = (idx >= 0) & (idx < NUM_EXPERTS)
-    dest = torch.where(valid, idx // cfg.num_experts_per_rank, torch.full_like(idx, world))
-    ndest = torch.zeros(128, world + 1, dtype=torch.bool, device=dev).scatter_(1, dest, True)[:, :world].sum(1)
-    last = mine["x"].float() * (1.0 if (rounds - 1) % 2 == 0 else -1.0)
-    assert torch.equal(comb[:128], (last * ndest[:, None]).to(torch.bfloat16))
-    op.close()
-    dist.barrier()
+    _back_to_back(rank, world, dev, rounds=1000, push=False)
 
     _bad_input_on_the_hot_path(rank, world, dev)
 
@@ -352,10 +392,10 @@ def _suite(rank: int, world: int) -> None:
     shmem.shmem_finalize()
 
 
-@pytest.mark.multigpu
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 4, 8])
 def test_ep_suite(world: int) -> None:
-    """The suite on 2 and 4 GPUs (tools/gpu/ep.sh test2 / test4)."""
+    """The suite at EP2, EP4 and EP8 (tools/gpu/ep.sh test2 / test4 / test8): one rank per GPU,
+    or ranks sharing GPUs where there are fewer GPUs than ranks."""
     _need(world)
     run_ranks(_suite, world, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "6G"})
 
@@ -367,6 +407,25 @@ def test_ep_suite_single_gpu() -> None:
     run_ranks(_suite, 1, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "6G"})
 
 
+def _rounds_only(rank: int, world: int, rounds: int) -> None:
+    _init_shmem()
+    dev = rank_device(rank, world)
+    for push in (False, True):
+        _back_to_back(rank, world, dev, rounds=rounds, push=push)
+    import mori_core.shmem as shmem
+
+    shmem.shmem_finalize()
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_back_to_back_rounds(world: int) -> None:
+    """Only the back-to-back rounds, pull then push (MORI_TEST_ROUNDS, default 1000): the stress the
+    small-batch synchronisation changes of issue #19 were judged under (tools/gpu/ep.sh stress)."""
+    _need(world)
+    run_ranks(_rounds_only, world, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "2G"},
+              rounds=int(os.environ.get("MORI_TEST_ROUNDS", "1000")))
+
+
 def _timeout(rank: int, world: int) -> None:
     import torch.distributed as dist
 
@@ -375,7 +434,7 @@ def _timeout(rank: int, world: int) -> None:
     _init_shmem()
     cfg = _config(rank, world, 256, 16, max_type=2)
     op = EpDispatchCombineOp(cfg)
-    dev = torch.device("cuda", rank)
+    dev = rank_device(rank, world)
     x = torch.ones(16, 256, dtype=torch.bfloat16, device=dev)
     idx = torch.zeros(16, TOPK, dtype=torch.int32, device=dev)
     if rank == 0:
@@ -389,7 +448,6 @@ def _timeout(rank: int, world: int) -> None:
     shmem.shmem_finalize()
 
 
-@pytest.mark.multigpu
 def test_timeout_names_the_missing_peer() -> None:
     _need(2)
     run_ranks(_timeout, 2, backend="nccl", timeout=180)
@@ -402,7 +460,7 @@ def _shmem_uid(rank: int, world: int, path: str) -> None:
     import mori_core.shmem as shmem
     from mori_core.ops.dispatch_combine import _byte_view
 
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(rank_device(rank, world))
     if rank == 0:
         uid = shmem.shmem_get_unique_id()
         with open(path + ".tmp", "wb") as f:
@@ -416,7 +474,7 @@ def _shmem_uid(rank: int, world: int, path: str) -> None:
         uid = open(path, "rb").read()
     assert shmem.shmem_init_attr(shmem.MORI_SHMEM_INIT_WITH_UNIQUEID, rank, world, uid) == 0
     assert shmem.shmem_mype() == rank and shmem.shmem_npes() == world
-    dev = torch.device("cuda", rank)
+    dev = rank_device(rank, world)
     n = 1 << 20
     ptr = shmem.shmem_malloc(n * 4)
     mine = _byte_view(ptr, n * 4, dev).view(torch.int32)
@@ -436,7 +494,6 @@ def _shmem_uid(rank: int, world: int, path: str) -> None:
     shmem.shmem_finalize()
 
 
-@pytest.mark.multigpu
 def test_shmem_unique_id_without_torch_distributed() -> None:
     _need(2)
     with tempfile.TemporaryDirectory() as d:

@@ -1,9 +1,12 @@
-"""GPU tests of the inter-node kernel types (2 GPUs; skipped without them or without NVSHMEM).
+"""GPU tests of the inter-node kernel types (skipped without a GPU or without NVSHMEM).
 
-``gpu_per_node=1`` makes every GPU its own "node": every row crosses NVSHMEM. Run them with
-NVSHMEM forced off P2P onto its network transport (tools/gpu/ep_internode.sh sets
-``NVSHMEM_DISABLE_P2P=1 NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,...``); the mode is printed.
-``gpu_per_node=2`` is one node of 2 GPUs: the NVLink (intra-node) part alone.
+Ranks are placed by ``MORI_RANKS_PER_GPU`` (several share a GPU where there are fewer GPUs than
+ranks). ``gpu_per_node=1`` makes every rank its own "node": every row crosses NVSHMEM;
+``gpu_per_node=world/2`` is two "nodes", each with an NVLink (shmem heap) part. Run them with
+NVSHMEM forced off P2P onto its network transport (tools/gpu/ep_internode.sh tries
+``NVSHMEM_DISABLE_P2P=1 NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,...`` and others); the mode is
+printed. ``MORI_TEST_INTERNODE_CONFIGS`` (e.g. ``4x1,8x4``: world x gpu_per_node) selects the
+configurations.
 
 Oracles as in test_gpu_ep.py: dispatch rows bit-exact against the sources through
 ``get_dispatch_src_token_pos``; combine bit-exact against ReferenceEpDispatchCombineOp (same
@@ -18,19 +21,26 @@ import traceback
 import pytest
 import torch
 
-from ep_dist_utils import run_ranks
+from ep_dist_utils import need_ranks, rank_device, run_ranks
 from test_gpu_ep import NUM_EXPERTS, TOPK, _all_inputs, _check_dispatch, _expert, _init_shmem
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+pytestmark = [pytest.mark.gpu]
 
 TYPES = ("InterNode", "InterNodeV1", "InterNodeV1LL", "AsyncLL")
 MODE = os.environ.get("MORI_TEST_NET_MODE", "default NVSHMEM transports")
+# (world, gpu_per_node): two "nodes" and all-network at EP2, EP4 and EP8.
+CONFIGS = [(2, 1), (4, 1), (4, 2), (8, 1), (8, 4)]
+ROUNDS = int(os.environ.get("MORI_TEST_INTERNODE_ROUNDS", "200"))
 
 
-def _need() -> None:
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < 2:
-        pytest.skip(f"needs 2 GPUs, {n} visible")
+def _selected(world: int, gpn: int) -> None:
+    want = os.environ.get("MORI_TEST_INTERNODE_CONFIGS")
+    if want and f"{world}x{gpn}" not in want.split(","):
+        pytest.skip(f"{world}x{gpn} not in MORI_TEST_INTERNODE_CONFIGS={want}")
+
+
+def _need(world: int = 2) -> None:
+    need_ranks(world)
     import mori_core
 
     if not mori_core.build_info().get("internode"):
@@ -133,6 +143,46 @@ def _one_type(rank, world, kernel_type, gpn, dev):
 
     if kernel_type in ("InterNodeV1LL", "AsyncLL"):
         _graph(rank, world, kernel_type, gpn, dev)
+    _back_to_back(rank, world, kernel_type, gpn, dev, ROUNDS)
+
+
+def _back_to_back(rank, world, kernel_type, gpn, dev, rounds):
+    """``rounds`` dispatch + combine rounds without host synchronisation. Identity experts; the
+    input flips sign every round, so round i's combine equals (-1)^i times round 0's, and the
+    last round equals x times the number of unique destination ranks of each token."""
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp
+
+    if rounds <= 0:
+        return
+    cfg = _config(rank, world, kernel_type, gpn, 2048, 64, push=True, max_type=2)
+    op = EpDispatchCombineOp(cfg)
+    mine = _all_inputs(9, world, [64] * world, 2048, torch.bfloat16, 0, dev)[rank]
+    x = mine["x"].clone()
+    sums = torch.zeros(rounds, dtype=torch.float64, device=dev)
+    torch.cuda.synchronize()
+    dist.barrier()
+    for i in range(rounds):
+        out, out_w, _, _, _ = _dispatch(op, kernel_type, x, mine["w"], None, mine["idx"])
+        comb, _ = _combine(op, kernel_type, out, out_w, mine["idx"], True)
+        sums[i] = comb[:64].to(torch.float64).sum()
+        x.neg_()
+    torch.cuda.synchronize()
+    op.check_error()
+    sums = sums.cpu()
+    assert sums[0] != 0
+    assert torch.all(sums[0::2] == sums[0]) and torch.all(sums[1::2] == -sums[0]), (
+        f"{kernel_type}: a round of {rounds} produced different data: {sums[:6].tolist()}"
+    )
+    idx = mine["idx"].to(torch.int64)
+    valid = (idx >= 0) & (idx < NUM_EXPERTS)
+    dest = torch.where(valid, idx // cfg.num_experts_per_rank, torch.full_like(idx, world))
+    ndest = torch.zeros(64, world + 1, dtype=torch.bool, device=dev).scatter_(1, dest, True)[:, :world].sum(1)
+    last = mine["x"].float() * (1.0 if (rounds - 1) % 2 == 0 else -1.0)
+    assert torch.equal(comb[:64], (last * ndest[:, None]).to(torch.bfloat16)), f"{kernel_type}: last round differs"
+    op.close()
+    dist.barrier()
 
 
 def _graph(rank, world, kernel_type, gpn, dev):
@@ -142,7 +192,7 @@ def _graph(rank, world, kernel_type, gpn, dev):
 
     from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
 
-    hidden, ntoks = 7168, [40 + 8 * r for r in range(world)]
+    hidden, ntoks = 7168, [40 + 3 * r for r in range(world)]
     cfg = _config(rank, world, kernel_type, gpn, hidden, 64, push=True, max_type=2)
     op = EpDispatchCombineOp(cfg)
     ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
@@ -188,7 +238,7 @@ def _suite(rank: int, world: int, gpn: int, types: tuple) -> None:
     import mori_core.shmem as shmem
 
     _init_shmem()
-    dev = torch.device("cuda", rank)
+    dev = rank_device(rank, world)
     failures = {}
     for kt in types:
         try:
@@ -204,12 +254,13 @@ def _suite(rank: int, world: int, gpn: int, types: tuple) -> None:
         raise AssertionError("\n".join(f"[{kt}]\n{tb}" for kt, tb in failures.items()))
 
 
-@pytest.mark.parametrize("gpn", [1, 2])
-def test_internode_kernel_types(gpn: int) -> None:
-    _need()
+@pytest.mark.parametrize("world,gpn", CONFIGS, ids=[f"{w}x{g}" for w, g in CONFIGS])
+def test_internode_kernel_types(world: int, gpn: int) -> None:
+    _selected(world, gpn)
+    _need(world)
     types = tuple(t for t in os.environ.get("MORI_TEST_INTERNODE_TYPES", ",".join(TYPES)).split(",") if t)
-    run_ranks(_suite, 2, backend="nccl", timeout=240, gpn=gpn, types=types,
-              env={"MORI_SHMEM_HEAP_SIZE": "4G"})
+    run_ranks(_suite, world, backend="nccl", timeout=float(os.environ.get("MORI_TEST_INTERNODE_TIMEOUT", "400")),
+              gpn=gpn, types=types, env={"MORI_SHMEM_HEAP_SIZE": "4G"})
 
 
 def _bringup(rank: int, world: int) -> None:
@@ -228,33 +279,49 @@ def _bringup(rank: int, world: int) -> None:
     shmem.shmem_finalize()
 
 
-def test_nvshmem_bringup() -> None:
-    _need()
-    run_ranks(_bringup, 2, backend="nccl", timeout=120)
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_nvshmem_bringup(world: int) -> None:
+    _need(world)
+    run_ranks(_bringup, world, backend="nccl", timeout=120)
 
 
-def _timeout(rank: int, world: int, kernel_type: str) -> None:
+def _timeout(rank: int, world: int, types: tuple) -> None:
+    """Every rank but the last dispatches; the last never does. Rank 0 (on another "node":
+    gpu_per_node=1) must report a timeout naming the missing peer, for every kernel type."""
     import torch.distributed as dist
 
     import mori_core.shmem as shmem
     from mori_core.ops import EpDispatchCombineOp, EpOpError
 
     _init_shmem()
-    cfg = _config(rank, world, kernel_type, 1, 256, 16, max_type=2)
-    op = EpDispatchCombineOp(cfg)
-    dev = torch.device("cuda", rank)
-    x = torch.ones(16, 256, dtype=torch.bfloat16, device=dev)
-    idx = torch.zeros(16, TOPK, dtype=torch.int32, device=dev)
-    if rank == 0:
-        op.timeout_ms = 500
-        op.dispatch(x, None, None, idx)  # rank 1 never dispatches
-        with pytest.raises(EpOpError, match=r"timed out .* waiting for peer rank 1 \(node 1"):
-            op.check_error()
-        print(f"TIMEOUT rank 0 reported: {op._handle.error_message()}", flush=True)
-    dist.barrier()
+    dev = rank_device(rank, world)
+    missing = world - 1
+    for kernel_type in types:
+        cfg = _config(rank, world, kernel_type, 1, 256, 16, max_type=2)
+        op = EpDispatchCombineOp(cfg)
+        x = torch.ones(16, 256, dtype=torch.bfloat16, device=dev)
+        idx = torch.zeros(16, TOPK, dtype=torch.int32, device=dev)
+        idx[:, 0] = missing * cfg.num_experts_per_rank  # every token also goes to the missing rank
+        if rank != missing:
+            op.timeout_ms = 500
+            if _split(op, kernel_type):
+                op.dispatch_send(x, None, None, idx)
+                op.dispatch_recv()
+            else:
+                op.dispatch(x, None, None, idx)
+            if rank == 0:
+                with pytest.raises(EpOpError, match=rf"timed out .* waiting for peer rank {missing} \(node {missing}"):
+                    op.check_error()
+                print(f"TIMEOUT {kernel_type} world={world} rank 0 reported: {op._handle.error_message()}", flush=True)
+        torch.cuda.synchronize()
+        dist.barrier()
+        op.close()  # a failed op is not reused: the next type gets fresh (zeroed) buffers
+        dist.barrier()
     shmem.shmem_finalize()
 
 
-def test_timeout_names_the_missing_peer() -> None:
-    _need()
-    run_ranks(_timeout, 2, backend="nccl", timeout=120, kernel_type="InterNodeV1")
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_timeout_names_the_missing_peer(world: int) -> None:
+    _need(world)
+    types = tuple(t for t in os.environ.get("MORI_TEST_INTERNODE_TYPES", ",".join(TYPES)).split(",") if t)
+    run_ranks(_timeout, world, backend="nccl", timeout=180, types=types)
