@@ -294,17 +294,11 @@ class EpDispatchCombineConfig:
             max_total_recv_tokens=self.max_total_recv_tokens,
             use_external_inp_buf=self.is_scatter,
             kernel_type=kernel,
-            gpu_per_node=self.gpu_per_node if self.is_internode else min(8, _pow2_at_least(self.world_size)),
+            # IntraNode: the engine wants a power of two covering the group (<= 8)
+            gpu_per_node=self.gpu_per_node if self.is_internode else min(8, 1 << (self.world_size - 1).bit_length()),
             num_qp_per_pe=self.num_qp_per_pe,
             quant_type=self.quant_type,
         )
-
-
-def _pow2_at_least(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
 
 
 def auto_geometry(world_size: int, scatter: bool) -> dict:
