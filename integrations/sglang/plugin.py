@@ -9,6 +9,11 @@ SGLang's own ``disaggregation/mori/conn.py`` (which needs AMD's ``mori`` package
 is never imported. Nothing of SGLang is patched or wrapped; the enum value, the
 CLI choice and every ``"mori"`` name check stay SGLang's own.
 
+It also readies ``--moe-a2a-backend mori`` (SGLang's stock MORI token dispatcher over
+the ``mori`` alias) on NVIDIA: :func:`mori_integrations.sglang.moe_ep.install` gives
+``moriep.py`` the dispatch quantisers it otherwise imports from ROCm's aiter. A failure
+there is logged and leaves the PD backend registered.
+
 SGLang's loader logs and swallows a plugin's exception. So that a plugin that
 cannot apply never lets the stock backend run silently, a failed registration
 installs a module under the same name whose every attribute access raises the
@@ -99,6 +104,22 @@ def register() -> None:
         "(transfers through mori_core.io)",
         PLUGIN_PACKAGE,
     )
+    _register_moe()
+
+
+def _register_moe() -> None:
+    """Ready SGLang's MORI MoE dispatcher (see :mod:`mori_integrations.sglang.moe_ep`)."""
+    try:
+        from mori_integrations.sglang import moe_ep
+
+        logger.info("mori-suite SGLang plugin: %s", moe_ep.install())
+    except Exception as e:  # PD keeps working; --moe-a2a-backend mori then fails in SGLang's own code
+        logger.error(
+            "mori-suite SGLang plugin could not ready --moe-a2a-backend mori (%s: %s); on NVIDIA SGLang's MORI "
+            "dispatcher will then fail for want of aiter",
+            type(e).__name__,
+            e,
+        )
 
 
 def is_active() -> bool:

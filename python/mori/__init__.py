@@ -1,7 +1,8 @@
 """``mori`` compatibility alias provided by mori-suite.
 
 Code written for AMD's MORI (``import mori``, ``from mori.io import IOEngine``,
-``from mori.cpp import TransferStatus``, ``mori.ops``, ``mori.shmem``,
+``from mori.cpp import TransferStatus``, ``mori.ops`` (and ``mori.ops.dispatch_combine_v2``),
+``mori.shmem``, ``mori.cco``,
 ``mori.kernel_profiler``) runs on
 mori_core. This package is installed in its own folder that is appended to
 ``sys.path`` by ``mori_suite_alias.pth``: an installed ``amd-mori`` therefore
@@ -14,7 +15,7 @@ import importlib
 from typing import Any
 
 __mori_suite__ = True  # marks the alias (AMD's package lacks this attribute)
-_SUBMODULES = {"io", "cpp", "ops", "shmem", "kernel_profiler"}
+_SUBMODULES = {"io", "cpp", "ops", "shmem", "kernel_profiler", "cco"}
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,7 @@ Bandwidth counts what a rank receives, MORI/DeepEP style: received tokens (inclu
 x hidden x element size (scales excluded), per rank, averaged over ranks, from the graph time
 (and from the eager median in its own column). The NCCL baseline moves the same rows with
 ``all_to_all_single`` (uneven splits from the same routing) in the same run, eagerly.
+``--v2`` adds the EPv2 API's rows (:mod:`mori_core.bench.ep_v2`) beside the v1 rows of the same run.
 ``--sms N`` runs every kernel with N blocks (so at most N SMs), for equal-resource comparisons
 (e.g. DeepEP's 24-SM setting). ``--sweep`` times a grid of (block_num, warp_per_block).
 """
@@ -32,7 +33,7 @@ import time
 import traceback
 from typing import Any, Optional
 
-from mori_core.bench import ep_extensions
+from mori_core.bench import ep_extensions, ep_v2
 
 DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "fp32": "float32"}
 SWEEP_BLOCKS = (32, 64, 96, 132, 264)
@@ -73,6 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-per-node", type=int, default=0, help="inter-node types: GPUs per node (default: all)")
     p.add_argument("--rdma-block-num", type=int, default=-1, help="inter-node V1/V1LL: blocks staging network rows")
     ep_extensions.add_arguments(p)
+    ep_v2.add_arguments(p)
 
 
 # ----------------------------------------------------------------------------- per-rank work
@@ -236,6 +238,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
             num_experts_per_token=args.topk,
         )
         op = EpDispatchCombineOp(cfg)
+        v2_ops = ep_v2.make_ops(cfg, args)  # --v2: EPv2 ops on the same heap
 
         def sync() -> None:
             torch.cuda.synchronize()
@@ -290,9 +293,11 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
             if n == tokens[0]:
                 rows.extend(_host_breakdown(op, x_bf16, w, idx, args, dev))
             rows.extend(ep_extensions.extension_rows(op, cfg, args, n, x_bf16, w, idx, _measure, sync))
+            rows.extend(ep_v2.rows(v2_ops, args, n, x_bf16, w, idx, _measure, sync))
             if not args.no_nccl:
                 rows.extend(_nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev))
         sync()
+        ep_v2.close(v2_ops)
         op.close()
         shmem.shmem_finalize()
         results.put((rank, rows, None))
