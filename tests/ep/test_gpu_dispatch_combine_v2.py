@@ -1,7 +1,8 @@
 """GPU tests of MORI's EPv2 API on mori_core (``mori.ops.dispatch_combine_v2`` + ``mori.cco``).
 
-EP2 and EP4 run as separate processes that all share ONE GPU (``MORI_RANKS_PER_GPU=<world>``:
-rank r on cuda device ``r % device_count``, gloo instead of NCCL, heaps scaled to fit). Each rank
+EP2 and EP4 run as separate processes placed by ``MORI_RANKS_PER_GPU`` (default auto: one rank
+per GPU where there are enough GPUs, otherwise rank r on cuda device ``r % device_count``, sharing
+it; gloo instead of NCCL). Each rank
 builds a GPU ``mori.cco.Communicator`` from a unique id (shmem heap + CUDA IPC between the
 processes), the v1 op, and v2 ops, and checks against the v1 op and the reference engine (gloo):
 
@@ -14,7 +15,7 @@ processes), the v1 op, and v2 ops, and checks against the v1 op and the referenc
 * ``local_expert_count`` against the senders' routing.
 * CUDA-graph capture of v2 dispatch + combine, replayed on new inputs.
 
-Timings mean nothing with shared GPUs; this is correctness only. Run on the GPU machine:
+This is correctness only (timings mean nothing where ranks share a GPU). Run on the GPU machine:
 ``python -m pytest -q tests/ep/test_gpu_dispatch_combine_v2.py``. The same rank function runs on
 CPU (reference engine behind the v2 op, no graphs) in ``test_v2_suite_logic_on_cpu``.
 """
@@ -232,8 +233,8 @@ def _suite(rank: int, world: int, port: int, kind: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
-def test_v2_suite_ranks_sharing_one_gpu(world: int) -> None:
-    env = {"MORI_RANKS_PER_GPU": str(world), "MORI_EP_TIMEOUT_MS": "120000"}
+def test_v2_suite(world: int) -> None:
+    env = {"MORI_EP_TIMEOUT_MS": "120000"}
     run_ranks(_suite, world, backend=None, timeout=600, env=env, port=free_port(), kind="cuda")
 
 
