@@ -95,17 +95,17 @@ std::string SuppressedNote(uint64_t n) {
   return n == 0 ? "" : " (" + std::to_string(n) + " similar events from this peer suppressed)";
 }
 
-std::string PeerHost(int fd) {
-  struct sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+namespace {
+std::string HostOf(const sockaddr_storage& ss) {
   char buf[INET6_ADDRSTRLEN] = "?";
   if (ss.ss_family == AF_INET)
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
   else if (ss.ss_family == AF_INET6)
-    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
   return buf;
 }
+}  // namespace
+
 
 // ------------------------------------------------------ authenticated messages
 bool SendAuthedMsg(Socket& s, FrameMac& mac, uint64_t counter, const void* body, uint32_t n, int64_t timeoutMs,
@@ -207,12 +207,15 @@ void Listener::AcceptLoop() {
     int r = ::poll(&p, 1, 200);
     ReapFinished();
     if (r <= 0) continue;
-    int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
+    struct sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    int fd = ::accept4(listenFd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
     if (fd < 0) continue;
+    std::string host = HostOf(ss);
     std::lock_guard<std::mutex> lock(mu_);
     if (conns_.size() >= kMaxConnections) {
       MORI_WARN_REMOTE("(listener full)", "control plane: refusing connection from "
-                                              << PeerHost(fd) << ", " << kMaxConnections
+                                              << host << ", " << kMaxConnections
                                               << " connections already open");
       ::close(fd);
       continue;
@@ -221,15 +224,15 @@ void Listener::AcceptLoop() {
     Conn* raw = conn.get();
     raw->fd = fd;
     conns_.push_back(std::move(conn));
-    raw->thread = std::thread([this, raw, fd] { Serve(raw, Socket(fd)); });
+    raw->thread = std::thread([this, raw, fd, host] { Serve(raw, Socket(fd), host); });
   }
 }
 
-void Listener::Serve(Conn* conn, Socket sock) {
+void Listener::Serve(Conn* conn, Socket sock, const std::string& host) {
   std::string err;
   const int64_t t = opts_.timeoutMs;
   PeerHello peer{};
-  peer.address = PeerHost(sock.fd());
+  peer.address = host;
   peer.idleTimeoutMs = opts_.idleTimeoutMs;
   try {
     // 1. ClientHello: magic, version, channel, nonce.

@@ -80,7 +80,7 @@ class Listener {
     int fd = -1;
   };
   void AcceptLoop();
-  void Serve(Conn* conn, Socket sock);
+  void Serve(Conn* conn, Socket sock, const std::string& host);
   void ReapFinished();
 
   HandshakeOptions opts_;

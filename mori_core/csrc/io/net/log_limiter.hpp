@@ -55,8 +55,6 @@ class LogLimiter {
 // Process-wide limiter for input from the network; " (N similar suppressed)" suffix helper.
 LogLimiter& RemoteInputLog();
 std::string SuppressedNote(uint64_t n);
-// IP address of the socket's peer ("?" when unknown): the unit of rate limiting.
-std::string PeerHost(int fd);
 
 }  // namespace mori::io::net
 
