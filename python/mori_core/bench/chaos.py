@@ -50,14 +50,18 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):+.1f}"
 
 
-def run_fuzz(listeners: Sequence[str], inputs: int, max_fd: int, max_rss_mb: float) -> List[str]:
-    """Fuzz each listener; prints its table, returns the failures."""
+def run_fuzz(listeners: Sequence[str], inputs: int, max_fd: int, max_rss_mb: float,
+             require_installed: bool = False) -> List[str]:
+    """Fuzz each listener; prints its table, returns the failures (a listener whose
+    framework is missing counts as one only with ``require_installed``)."""
     from mori_core.bench.chaos_fuzz import fuzz_listener
 
     rows, failures = [], []
     for name in listeners:
         r = fuzz_listener(name, inputs, time_limit_s=max(120.0, inputs / 20))
         bad = list(r.failures)
+        if r.skipped and require_installed:
+            bad.append(r.skipped)
         if not r.skipped:
             if r.fd_growth > max_fd:
                 bad.append(f"descriptors grew by {r.fd_growth} (bound {max_fd})")

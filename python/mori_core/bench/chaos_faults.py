@@ -69,15 +69,11 @@ def _checked_transfer(engine: Any, target: TargetProcess, size: int = 1 << 20) -
     return None if ok else f"checked transfer failed ({code}: {st.Message()})"
 
 
-def _wait_failed(engine: Any, statuses: list, bound_s: float) -> float:
+def _wait_failed(engine: Any, statuses: list, bound_s: float) -> None:
     from mori_core.io import StatusCode
 
-    t0 = time.monotonic()
-    code = engine.wait_all(statuses, int(bound_s * 1000))
-    took = time.monotonic() - t0
-    if code == StatusCode.IN_PROGRESS:
+    if engine.wait_all(statuses, int(bound_s * 1000)) == StatusCode.IN_PROGRESS:
         raise TimeoutError(f"statuses still in progress after {bound_s:.0f} s")
-    return took
 
 
 # ------------------------------------------------------------------- kill -9
@@ -91,19 +87,25 @@ def fault_kill() -> FaultResult:
         size = 256 << 20
         region, rm = victim.region(size)
         local = LocalBuffer(e, size)
+        local.array[:] = 1
+        view = np.frombuffer(region, dtype=np.uint8)
         statuses = [e.write(local.desc, 0, rm, 0, size, 1)]
         deadline = time.monotonic() + 10
-        view = np.frombuffer(region, dtype=np.uint8)
-        while not view[:: 1 << 20].any() and time.monotonic() < deadline:  # bytes are moving
-            local.array[:: 1 << 20] = 1
-            time.sleep(0.002)
+        while not view[:: 1 << 16].any() and time.monotonic() < deadline:  # the first bytes landed
+            time.sleep(0.0005)
+        landed = int(np.count_nonzero(view[:: 1 << 16])) << 16
         del view
         region.release()
-        victim.kill()
-        res.seconds = _wait_failed(e, statuses, 15)
+        t0 = time.monotonic()
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        _wait_failed(e, statuses, 15)
+        res.seconds = time.monotonic() - t0
         if not all(s.Failed() or s.Succeeded() for s in statuses):
             res.failures.append("a status did not end")
-        res.detail = "status failed" if statuses[0].Failed() else "write finished before the kill"
+        res.detail = (f"killed after ~{landed >> 20} MiB of 256 landed; status failed" if statuses[0].Failed()
+                      else "write finished before the kill")
+        if not statuses[0].Failed():
+            res.failures.append(res.detail)
         third = TargetProcess("chaos-third")
         err = _checked_transfer(e, third)
         if err:
@@ -129,9 +131,11 @@ def fault_stall() -> FaultResult:
         _, rm = t.region(size)
         local = LocalBuffer(e, size)
         statuses = [e.write(local.desc, 0, rm, 0, size, i + 1) for i in range(8)]
+        t0 = time.monotonic()
         os.kill(t.proc.pid, signal.SIGSTOP)
         stopped = True
-        res.seconds = _wait_failed(e, statuses, 15)
+        _wait_failed(e, statuses, 15)
+        res.seconds = time.monotonic() - t0
         res.detail = next((s.Message()[-60:] for s in statuses if s.Failed()), "")
         os.kill(t.proc.pid, signal.SIGCONT)
         stopped = False
