@@ -159,3 +159,35 @@ def test_idle_connections_time_out(monkeypatch):
         assert bytes(region[:4]) == b"\x07" * 4
     finally:
         t.close()
+
+
+def test_deregister_cuts_a_dripping_outbound_read():
+    """The initiator's side of item 5: its own READ drips into a local region it then
+    deregisters; after the call returns, the local bytes never change."""
+    t = TargetProcess("dereg-read-target")
+    proxy = Proxy(t.desc.port, rate=256 << 10)
+    try:
+        size = 16 << 20
+        region, rm = t.region(size)
+        np.frombuffer(region, dtype=np.uint8)[:] = 0xAB
+        e = _engine("dereg-reader", num_connections=1, chunk_bytes=size, heartbeat_timeout_ms=0)
+        e.register_remote_engine(desc_at(t.desc, proxy.port))
+        local = LocalBuffer(e, size)
+        st = e.read(local.desc, 0, rm, 0, size, 1)
+        deadline = time.monotonic() + 20
+        while not local.array[:4096].any() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert local.array[:4096].any(), "the slow read never started"
+        t0 = time.monotonic()
+        e.deregister_memory(local.desc)
+        took = time.monotonic() - t0
+        snapshot = local.array.copy()
+        time.sleep(1.5)
+        assert (local.array == snapshot).all(), f"{int((local.array != snapshot).sum())} bytes changed after return"
+        assert took < 5.0, f"deregister_memory took {took:.1f} s"
+        assert st.WaitFor(10_000) == StatusCode.ERR_BAD_STATE, st.Message()
+        assert "deregistered" in st.Message(), st.Message()
+        del region
+    finally:
+        proxy.close()
+        t.close()

@@ -356,6 +356,7 @@ bool Connection::ReceiveReply(std::string* err) {
   }
   if (!ok) {
     code = StatusCode::ERR_BAD_STATE;
+    if (cut_->IsCut()) *err = "cut because the local memory of a transfer on it was deregistered";
     text = "TCP transfer to engine '" + target_.remote.key + "' failed: " + *err;
   }
   bool resolveHere = false;
