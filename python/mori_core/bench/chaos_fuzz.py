@@ -378,10 +378,9 @@ def _sglang_serve(pipe: Any) -> None:
 
 
 _HTTP_SAMPLES = [
-    b"GET /route?engine_rank=0&target_dp_group=0&target_pp_rank=0 HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"PUT /route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 120\r\n\r\n"
-    b'{"role": "Prefill", "attn_tp_size": 1, "attn_tp_rank": 0, "attn_dp_size": 1, "attn_dp_rank": 0, '
-    b'"pp_size": 1, "pp_rank": 0}',
+    b"GET /route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"PUT /route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 96\r\n\r\n"
+    b'{"role": "Prefill", "attn_tp_size": 1, "attn_tp_rank": 0, "attn_dp_size": 1, "attn_dp_rank": 0}',
     b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
 ]
 
@@ -408,8 +407,8 @@ class _SglangListener:
         s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
         try:
             s.sendall(data)
-            if rng.random() < 0.5:
-                s.settimeout(0.2)
+            if rng.random() < 0.2:  # sometimes read the answer (the rest are reset mid-request)
+                s.settimeout(0.05)
                 try:
                     s.recv(4096)
                 except OSError:
@@ -422,24 +421,24 @@ class _SglangListener:
         import json
         import urllib.request
 
-        rank = rng.randrange(1 << 16)
-        body = {"role": "Prefill", "attn_tp_size": 1, "attn_tp_rank": 0, "attn_dp_size": 1, "attn_dp_rank": 0,
-                "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
-                "rank_ip": "127.0.0.1", "rank_port": 1024 + rank % 60000, "page_size": 16, "kv_cache_dtype": "auto",
-                "load_balance_method": "round_robin"}
+        port = 1024 + rng.randrange(60000)
+        body = {"role": "Prefill", "attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0,
+                "attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1,
+                "system_dp_rank": 0, "rank_ip": "127.0.0.1", "rank_port": port, "page_size": 16,
+                "kv_cache_dtype": "auto"}
         base = f"http://127.0.0.1:{self.port}"
         req = urllib.request.Request(f"{base}/route", data=json.dumps(body).encode(), method="PUT",
                                      headers={"Content-Type": "application/json"})
+        query = "prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 if r.status != 200:
                     return f"PUT /route answered {r.status}"
-            with urllib.request.urlopen(f"{base}/health", timeout=10) as r:
-                if r.status != 200:
-                    return f"GET /health answered {r.status}"
+            with urllib.request.urlopen(f"{base}/route?{query}", timeout=10) as r:
+                got = json.loads(r.read())
         except Exception as exc:
             return f"legitimate request failed: {exc!r}"
-        return None
+        return None if got.get("rank_port") == port else f"GET /route gave {got}, expected rank_port {port}"
 
     def close(self) -> None:
         self.proc.close()
