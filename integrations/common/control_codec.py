@@ -86,7 +86,7 @@ class ControlCodec:
         body = self._encoder.encode(message)
         if len(body) > self._limits[kind]:
             raise ControlMessageError(
-                f"{kind.decode()} message of {len(body)} bytes exceeds the limit of {self._limits[kind]}"
+                f"{kind!r} message of {len(body)} bytes exceeds the limit of {self._limits[kind]}"
             )
         if not self._secret:
             return [self.guard, kind, body]
@@ -95,7 +95,20 @@ class ControlCodec:
         return [self.guard, kind, body, nonce + stamp + self._mac(kind, nonce, stamp, body)]
 
     def decode(self, frames: List[bytes]) -> Any:
-        """Parse, authenticate and validate frames produced by :meth:`encode`."""
+        """Parse, authenticate and validate frames produced by :meth:`encode`.
+
+        Raises :class:`ControlMessageError` for anything wrong with the input, whatever
+        the cause inside (invalid UTF-8, wrong types, failed checks): a listener that
+        catches it survives every frame a peer can send.
+        """
+        try:
+            return self._decode(frames)
+        except ControlMessageError:
+            raise
+        except Exception as e:  # e.g. UnicodeDecodeError from msgspec, a validate() that tripped
+            raise ControlMessageError(f"malformed control message ({type(e).__name__}: {str(e)[:200]})") from None
+
+    def _decode(self, frames: List[bytes]) -> Any:
         expected = 4 if self._secret else 3
         if len(frames) not in (3, 4) or frames[0] != self.guard:
             raise ControlMessageError(f"not a mori-suite control message ({len(frames)} frames)")
@@ -106,20 +119,17 @@ class ControlCodec:
                 else "unauthenticated control message refused (a shared secret is set here; set the same "
                 "MORI_IO_AUTH_SECRET / auth_secret on both sides)"
             )
-        kind, body = frames[1], frames[2]
+        kind, body = bytes(frames[1]), frames[2]
         decoder = self._decoders.get(kind)
         if decoder is None:
             raise ControlMessageError(f"unknown message kind {kind[:32]!r}")
         if len(body) > self._limits[kind]:
             raise ControlMessageError(
-                f"{kind.decode()} message of {len(body)} bytes exceeds the limit of {self._limits[kind]}"
+                f"{kind!r} message of {len(body)} bytes exceeds the limit of {self._limits[kind]}"
             )
         if self._secret:
             self._authenticate(kind, body, frames[3])
-        try:
-            message = decoder.decode(body)
-        except (msgspec.ValidationError, msgspec.DecodeError) as e:
-            raise ControlMessageError(f"malformed {kind.decode()} message: {e}") from None
+        message = decoder.decode(body)
         validate = getattr(message, "validate", None)
         if validate is not None:
             validate()

@@ -17,6 +17,8 @@ from typing import Optional
 
 import zmq
 
+from mori_integrations.common.control_codec import ControlCodec
+
 from . import protocol
 from .protocol import Reply
 
@@ -25,10 +27,10 @@ __all__ = ["PullClient", "wait_reply"]
 logger = logging.getLogger(__name__)
 
 
-def wait_reply(sock: zmq.Socket, seq: int, deadline: float) -> Optional[Reply]:
+def wait_reply(codec: ControlCodec, sock: zmq.Socket, seq: int, deadline: float) -> Optional[Reply]:
     """The reply with ``seq`` on ``sock``, or None once ``deadline`` (monotonic) passed.
 
-    Undecodable frames and replies to other requests are skipped (logged).
+    Undecodable or unauthentic messages and replies to other requests are skipped (logged).
     """
     while True:
         remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -36,9 +38,11 @@ def wait_reply(sock: zmq.Socket, seq: int, deadline: float) -> Optional[Reply]:
             return None
         if not sock.poll(max(remaining_ms, 0)):
             continue
-        frame = sock.recv(zmq.NOBLOCK)
+        frames = sock.recv_multipart(zmq.NOBLOCK)
         try:
-            reply = protocol.decode_reply(frame)
+            reply = codec.decode(frames)
+            if not isinstance(reply, protocol.REPLIES):
+                raise protocol.ProtocolError(f"{type(reply).__name__} is not a reply")
         except protocol.ProtocolError as exc:
             logger.warning("ignoring an undecodable control reply: %s", exc)
             continue
@@ -50,8 +54,9 @@ def wait_reply(sock: zmq.Socket, seq: int, deadline: float) -> Optional[Reply]:
 class PullClient:
     """Request/reply with bounded waits towards many sender endpoints."""
 
-    def __init__(self, ctx: zmq.Context) -> None:
+    def __init__(self, ctx: zmq.Context, codec: ControlCodec) -> None:
         self._ctx = ctx
+        self.codec = codec
         self._local = threading.local()
         self._seq = itertools.count(1)
         self._seq_lock = threading.Lock()
@@ -93,7 +98,7 @@ class PullClient:
         """Queue ``message`` towards ``address``; returns the socket the reply will arrive on."""
         sock = self.socket(address)
         try:
-            sock.send(protocol.encode(message), zmq.NOBLOCK)
+            sock.send_multipart(self.codec.encode(message), zmq.NOBLOCK)
         except zmq.Again:  # the peer's queue is full: treat like a lost peer
             self.drop(address)
             raise TimeoutError(f"control queue towards {address} is full") from None
@@ -105,7 +110,7 @@ class PullClient:
         On timeout the socket is closed, so a late reply cannot confuse a later request.
         """
         sock = self.send(address, message)
-        reply = wait_reply(sock, message.seq, deadline)
+        reply = wait_reply(self.codec, sock, message.seq, deadline)
         if reply is None:
             self.drop(address)
         return reply

@@ -17,6 +17,8 @@ from typing import Optional
 
 import zmq
 
+from mori_integrations.common.control_codec import ControlCodec
+
 from .client import wait_reply
 from .pool import PoolBuffer
 from .protocol import PullResponse
@@ -40,12 +42,13 @@ class ParkedPull:
     detached: bool = False  # the socket left the thread's cache and belongs to this pull
     abandoned: bool = False
     done: Optional[PullResponse] = None  # the sender's answer, once it came
+    codec: Optional[ControlCodec] = None  # decodes (and authenticates) the answer
 
     def poll_answer(self) -> None:
         """Look for the sender's answer without blocking (sets :attr:`done`)."""
         if self.done is not None:
             return
-        reply = wait_reply(self.sock, self.seq, 0.0)
+        reply = wait_reply(self.codec, self.sock, self.seq, 0.0)
         if reply is None:
             return
         if not isinstance(reply, PullResponse):

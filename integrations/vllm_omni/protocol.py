@@ -1,4 +1,6 @@
-"""Control-plane messages of the connector (msgpack via msgspec, validated on decode).
+"""Control-plane messages of the connector, carried by the shared codec
+(:mod:`mori_integrations.common.control_codec`: bounded msgspec Structs in ZMQ
+multipart frames, HMAC-signed, fresh and never replayed with a shared secret).
 
 A receiver talks to a sender's listener with two requests:
 
@@ -8,9 +10,15 @@ A receiver talks to a sender's listener with two requests:
   finished writing the payload into the receiver's pool (or failed to).
 
 Every message carries ``seq`` so a reply can be matched to its request on a
-socket that also saw replies to requests its caller gave up on. The decoder
-enforces every size limit (msgspec ``Meta`` constraints), so a frame that
-decodes is safe to use; anything else raises :class:`ProtocolError`.
+socket that also saw replies to requests its caller gave up on. The codec
+enforces every size limit (msgspec ``Meta`` constraints) and turns any decoding
+problem into :class:`ProtocolError`, so a message that decodes is safe to use.
+
+With a secret (``auth_secret`` / ``MORI_IO_AUTH_SECRET``) a peer without it can
+neither query, pull (take a payload, or make the sender write into some other
+engine's memory), nor answer in the sender's name; replies are signed too.
+Without one, anyone who reaches the port can do all of that: the connector
+warns at start when it listens beyond loopback so.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from __future__ import annotations
 from typing import Annotated, Union
 
 import msgspec
+
+from mori_integrations.common.control_codec import ControlCodec, ControlMessageError
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -33,12 +43,11 @@ __all__ = [
     "Rejected",
     "Request",
     "Reply",
-    "encode",
-    "decode_request",
-    "decode_reply",
+    "GUARD",
+    "make_codec",
 ]
 
-MAX_FRAME_BYTES = 64 * 1024  # a request is a key + two packed descriptors
+MAX_FRAME_BYTES = 64 * 1024  # a message body: a key + two packed descriptors at most
 MAX_KEY_CHARS = 1024
 MAX_DESC_BYTES = 16 * 1024  # packed EngineDesc / MemoryDesc are a few hundred bytes
 MAX_PAYLOAD_BYTES = 1 << 40  # the largest pool the settings accept
@@ -52,18 +61,18 @@ Length = Annotated[int, msgspec.Meta(ge=1, le=MAX_PAYLOAD_BYTES)]
 ErrorText = Annotated[str, msgspec.Meta(max_length=MAX_ERROR_CHARS)]
 
 
-class ProtocolError(ValueError):
-    """A control frame that is too large, not msgpack, or violates a limit."""
+# A control message that is too large, not msgpack, violates a limit or is not authentic.
+ProtocolError = ControlMessageError
 
 
-class QueryRequest(msgspec.Struct, tag="query", frozen=True):
+class QueryRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Receiver -> sender: is payload ``key`` ready, and how large is it?"""
 
     seq: Seq
     key: Key
 
 
-class PullRequest(msgspec.Struct, tag="pull", frozen=True):
+class PullRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Receiver -> sender: write payload ``key`` (exactly ``length`` bytes) into
     the receiver's pool region ``mem_desc`` at ``dst_offset``."""
 
@@ -75,7 +84,7 @@ class PullRequest(msgspec.Struct, tag="pull", frozen=True):
     length: Length
 
 
-class QueryResponse(msgspec.Struct, tag="info", frozen=True):
+class QueryResponse(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Sender -> receiver: payload ``key`` is ready."""
 
     seq: Seq
@@ -84,7 +93,7 @@ class QueryResponse(msgspec.Struct, tag="info", frozen=True):
     is_fast_path: bool
 
 
-class PullResponse(msgspec.Struct, tag="done", frozen=True):
+class PullResponse(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Sender -> receiver: the write finished (``ok``) or failed (``error``).
 
     ``write_pending`` is True only if the sender's write did not end within its
@@ -98,14 +107,14 @@ class PullResponse(msgspec.Struct, tag="done", frozen=True):
     write_pending: bool = False
 
 
-class NotFound(msgspec.Struct, tag="not_found", frozen=True):
+class NotFound(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Sender -> receiver: no payload under ``key`` (not yet put, or consumed)."""
 
     seq: Seq
     key: Key
 
 
-class Rejected(msgspec.Struct, tag="rejected", frozen=True):
+class Rejected(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Sender -> receiver: the request could not be decoded or was refused."""
 
     seq: Seq
@@ -115,30 +124,19 @@ class Rejected(msgspec.Struct, tag="rejected", frozen=True):
 Request = Union[QueryRequest, PullRequest]
 Reply = Union[QueryResponse, PullResponse, NotFound, Rejected]
 
-_ENCODER = msgspec.msgpack.Encoder()
-_REQUEST_DECODER = msgspec.msgpack.Decoder(Request)
-_REPLY_DECODER = msgspec.msgpack.Decoder(Reply)
+GUARD = b"MoriSuiteOmni1"
+_KINDS = {
+    b"QUERY": (QueryRequest, MAX_FRAME_BYTES),
+    b"PULL": (PullRequest, MAX_FRAME_BYTES),
+    b"INFO": (QueryResponse, MAX_FRAME_BYTES),
+    b"DONE": (PullResponse, MAX_FRAME_BYTES),
+    b"NOTFOUND": (NotFound, MAX_FRAME_BYTES),
+    b"REJECT": (Rejected, MAX_FRAME_BYTES),
+}
+REQUESTS = (QueryRequest, PullRequest)
+REPLIES = (QueryResponse, PullResponse, NotFound, Rejected)
 
 
-def encode(message: msgspec.Struct) -> bytes:
-    """msgpack bytes of one message."""
-    return _ENCODER.encode(message)
-
-
-def _decode(decoder: msgspec.msgpack.Decoder, frame: bytes, what: str):
-    if len(frame) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"{what} frame of {len(frame)} bytes exceeds the limit of {MAX_FRAME_BYTES}")
-    try:
-        return decoder.decode(frame)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-        raise ProtocolError(f"malformed {what}: {exc}") from None
-
-
-def decode_request(frame: bytes) -> Request:
-    """Decode and validate one request frame; raises :class:`ProtocolError`."""
-    return _decode(_REQUEST_DECODER, frame, "request")
-
-
-def decode_reply(frame: bytes) -> Reply:
-    """Decode and validate one reply frame; raises :class:`ProtocolError`."""
-    return _decode(_REPLY_DECODER, frame, "reply")
+def make_codec(secret: str = "") -> ControlCodec:
+    """The connector's codec; with a secret every message is signed, fresh and checked against replays."""
+    return ControlCodec(GUARD, _KINDS, secret.encode())

@@ -5,6 +5,11 @@ answers queries inline (a table lookup) and hands pulls — which wait for an
 IO-engine write — to a thread pool. Workers queue their replies and wake the
 listener through a pipe, because a ZMQ socket must only be used by one thread.
 What a query or a pull *means* is decided by the callbacks it is given.
+
+Every message goes through the shared codec (``protocol.make_codec``): anything
+that does not decode, or is not authentic when a secret is set, gets a
+:class:`Rejected` reply and one log line per peer address per interval (with
+counts). No input ends the listener thread.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from typing import Callable
 
 import zmq
 
+from mori_integrations.common.control_codec import ControlCodec
+from mori_integrations.common.log_limit import RateLimitedLog, zmq_peer_address
+
 from . import protocol
 from .protocol import PullRequest, QueryRequest, Rejected
 
@@ -25,7 +33,7 @@ __all__ = ["PortInUseError", "PullServer"]
 
 logger = logging.getLogger(__name__)
 
-# Frames above MAX_FRAME_BYTES get a Rejected reply; far larger ones are cut
+# Bodies above MAX_FRAME_BYTES get a Rejected reply; far larger frames are cut
 # off by ZMQ itself (the peer is disconnected) so they never reach memory.
 _ZMQ_MAX_MSG = 4 * protocol.MAX_FRAME_BYTES
 _MAX_QUEUED_PULLS = 4096
@@ -44,6 +52,7 @@ class PullServer:
 
     Args:
         ctx: ZMQ context.
+        codec: decodes requests and encodes replies (signs them with a secret).
         host, port: where to listen.
         on_query: request -> reply, called on the listener thread (must be quick).
         on_pull: request -> reply, called on a worker thread (may wait on a transfer).
@@ -53,6 +62,7 @@ class PullServer:
     def __init__(
         self,
         ctx: zmq.Context,
+        codec: ControlCodec,
         host: str,
         port: int,
         on_query: Callable[[QueryRequest], object],
@@ -60,6 +70,8 @@ class PullServer:
         num_workers: int,
     ) -> None:
         self.address = f"tcp://{host}:{port}"
+        self._codec = codec
+        self._bad = RateLimitedLog(logger)
         self._on_query = on_query
         self._on_pull = on_pull
         sock = ctx.socket(zmq.ROUTER)
@@ -76,7 +88,7 @@ class PullServer:
                 "receivers derive this port, so the connector does not fall back to another one."
             ) from exc
         self._sock = sock
-        self._replies: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        self._replies: collections.deque[list[bytes]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -104,10 +116,16 @@ class PullServer:
                 if self._sock in events:
                     for _ in range(64):  # bounded burst, then flush replies again
                         try:
-                            frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                            parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        self._handle(frames)
+                        source = zmq_peer_address(parts)
+                        try:
+                            self._handle([p.bytes for p in parts], source)
+                        except Exception as exc:  # last resort: no request may end the listener
+                            self.malformed += 1
+                            self._bad.warning(source, "omni mori listener %s: request from %s failed: %r",
+                                              self.address, source, exc)
             self._flush_replies()
         except zmq.ContextTerminated:
             pass
@@ -125,31 +143,31 @@ class PullServer:
 
     def _flush_replies(self) -> None:
         while self._replies:
-            identity, frame = self._replies.popleft()
+            frames = self._replies.popleft()
             try:
-                self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
+                self._sock.send_multipart(frames, zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # the peer went away: nothing to deliver to
                 logger.debug("dropping reply to a gone peer: %s", exc)
 
     def _reply(self, identity: bytes, message: object) -> None:
-        self._replies.append((identity, protocol.encode(message)))
+        self._replies.append([identity, *self._codec.encode(message)])
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:  # pipe full: the listener is awake anyway
             pass
 
-    def _handle(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
+    def _handle(self, frames: list[bytes], source: str) -> None:
+        if len(frames) < 2:
             self.malformed += 1
-            if frames:
-                self._reply(frames[0], Rejected(seq=0, reason=f"expected 1 message frame, got {len(frames) - 1}"))
             return
-        identity, frame = frames
+        identity, body = frames[0], frames[1:]
         try:
-            request = protocol.decode_request(frame)
+            request = self._codec.decode(body)
+            if not isinstance(request, protocol.REQUESTS):
+                raise protocol.ProtocolError(f"{type(request).__name__} is not a request")
         except protocol.ProtocolError as exc:
             self.malformed += 1
-            logger.warning("omni mori listener %s: %s", self.address, exc)
+            self._bad.warning(source, "omni mori listener %s: refused a request from %s: %s", self.address, source, exc)
             self._reply(identity, Rejected(seq=0, reason=str(exc)[: protocol.MAX_ERROR_CHARS]))
             return
         if isinstance(request, QueryRequest):
@@ -205,3 +223,4 @@ class PullServer:
                 os.close(fd)
             except OSError:
                 pass
+

@@ -13,6 +13,7 @@ Every bad value raises ``ValueError`` naming the key, the value and the limit.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -61,8 +62,10 @@ class ConnectorSettings:
             (*new*): bounds of the control round trip and of one pull.
         buffer_ttl_seconds: unclaimed sender buffers are reclaimed after this
             long — never while a transfer reads them.
-        auth_secret (*new*): shared secret of the IO engine's data plane.
-        tcp_num_connections / tcp_op_timeout_ms (*new*): TCP backend knobs.
+        auth_secret (*new*): shared secret of the IO engine and of the control plane (every
+            control message signed, fresh, not replayed); default ``MORI_IO_AUTH_SECRET``.
+        tcp_num_connections / tcp_op_timeout_ms / tcp_heartbeat_timeout_ms (*new*): TCP backend
+            knobs (the heartbeat fails writes to a stopped receiver; 0 turns it off).
     """
 
     host: str
@@ -87,6 +90,7 @@ class ConnectorSettings:
     auth_secret: str
     tcp_num_connections: int
     tcp_op_timeout_ms: int
+    tcp_heartbeat_timeout_ms: int
     xgmi_num_streams: int
     xgmi_num_events: int
     qp_per_transfer: int
@@ -153,9 +157,10 @@ class ConnectorSettings:
             transfer_timeout_per_100mb_s=cfg.get_float("transfer_timeout_per_100mb_s", 5.0, 0.0, 3600.0),
             tp_rank=tp_rank,
             rank_port_stride=stride,
-            auth_secret=cfg.get_str("auth_secret", "") or "",
+            auth_secret=cfg.get_str("auth_secret", "") or os.environ.get("MORI_IO_AUTH_SECRET", ""),
             tcp_num_connections=cfg.get_int("tcp_num_connections", 4, 1, 64),
             tcp_op_timeout_ms=cfg.get_int("tcp_op_timeout_ms", 10000, 10, 3_600_000),
+            tcp_heartbeat_timeout_ms=_heartbeat(cfg),
             xgmi_num_streams=cfg.get_int("xgmi_num_streams", 64, 1, 1024),
             xgmi_num_events=cfg.get_int("xgmi_num_events", 64, 1, 1024),
             qp_per_transfer=cfg.get_int("qp_per_transfer", 1, 1, 64),
@@ -166,6 +171,13 @@ class ConnectorSettings:
     def transfer_timeout_for(self, nbytes: int) -> float:
         """Bound of one pull of ``nbytes``: base + a share per started 100 MB."""
         return self.transfer_timeout_s + (nbytes // (100 * 1000 * 1000)) * self.transfer_timeout_per_100mb_s
+
+
+def _heartbeat(cfg: ExtraConfig) -> int:
+    value = cfg.get_int("tcp_heartbeat_timeout_ms", 1500, 0, 3_600_000)
+    if 0 < value < 100:
+        raise cfg.fail("tcp_heartbeat_timeout_ms", value, "0 (off) or >= 100")
+    return value
 
 
 def _listen_port(

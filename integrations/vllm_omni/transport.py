@@ -36,10 +36,13 @@ import torch
 import zmq
 
 from . import protocol
+from mori_integrations.common.log_limit import warn_if_exposed
+
 from .client import PullClient, wait_reply
 from .inbox import ParkedPull, ParkedPulls
 from .core_import import load_core
 from .outbox import KeyBusyError, Outbox, OutboxEntry, PullRefused
+from .peers import RemoteEngines
 from .pool import MemoryPool, PoolBuffer
 from .protocol import NotFound, PullRequest, PullResponse, QueryRequest, QueryResponse, Rejected
 from .server import PullServer
@@ -102,7 +105,6 @@ class OmniTransport:
         self._lock = threading.Lock()
         self._server: Optional[PullServer] = None
         self._stuck: list[tuple[OutboxEntry, list[Any]]] = []
-        self._remote_engines: dict[bytes, Any] = {}
         self._remote_mems: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
         self._routes: collections.Counter[str] = collections.Counter()
         self._route_of: dict[bytes, str] = {}
@@ -125,14 +127,16 @@ class OmniTransport:
                 host=settings.host, port=0, auth_secret=settings.auth_secret,
                 enable_auto_xgmi=settings.backend_type in ("auto", "xgmi")))
             self.backends = self._create_backends()
+            self._peers = RemoteEngines(self.engine, io, _MAX_REMOTE_ENGINES)
             self.pool = MemoryPool(settings.memory_pool_size, settings.memory_pool_device)
             self.pool.register(self.engine)
             self.engine_desc = self.engine.get_engine_desc()
             self.engine_desc_packed = self.engine_desc.pack()
             self._ctx = zmq.Context()
+            self.codec = protocol.make_codec(settings.auth_secret)
             self.outbox = Outbox(settings.buffer_ttl_seconds)
             self.parked = ParkedPulls(settings.buffer_ttl_seconds)
-            self.client = PullClient(self._ctx)
+            self.client = PullClient(self._ctx, self.codec)
             if settings.role in ("sender", "dual"):
                 self.listen()
             self._janitor = threading.Thread(target=self._janitor_loop, name="omni-mori-janitor", daemon=True)
@@ -146,7 +150,8 @@ class OmniTransport:
         io, s = self._io, self.settings
         # TCP always: it serves CPU pools and is the fallback for GPU pools.
         self.engine.create_backend(io.BackendType.TCP, io.TcpBackendConfig(
-            num_connections=s.tcp_num_connections, op_timeout_ms=s.tcp_op_timeout_ms))
+            num_connections=s.tcp_num_connections, op_timeout_ms=s.tcp_op_timeout_ms,
+            heartbeat_timeout_ms=s.tcp_heartbeat_timeout_ms))
         made = ["tcp"]
         if s.backend_type == "rdma":
             try:
@@ -194,8 +199,10 @@ class OmniTransport:
                 raise RuntimeError(
                     "this connector (role 'receiver') has no port to serve put() payloads on: set "
                     "extra['outgoing_zmq_port'] or use role 'dual' with zmq_port")
-            self._server = PullServer(self._ctx, self.settings.host, port, self._on_query, self._on_pull,
-                                      self.settings.num_pull_workers)
+            self._server = PullServer(self._ctx, self.codec, self.settings.host, port, self._on_query,
+                                      self._on_pull, self.settings.num_pull_workers)
+            warn_if_exposed(logger, f"omni mori connector {self.engine_key}", self.settings.host,
+                            self.codec.authenticated)
             logger.info("omni mori connector %s serves pulls on %s", self.engine_key, self._server.address)
 
     # -------------------------------------------------------- call guard
@@ -276,18 +283,12 @@ class OmniTransport:
             return NotFound(seq=req.seq, key=req.key)
         return QueryResponse(seq=req.seq, key=req.key, data_size=info[0], is_fast_path=info[1])
 
-    def _remote(self, engine_packed: bytes, mem_packed: bytes) -> Any:
-        """Register the receiver's engine once and decode its pool descriptor (cached)."""
+    def _remote_mem(self, mem_packed: bytes) -> Any:
+        """Decode the receiver's pool descriptor (cached)."""
         io = self._io
         with self._lock:
             if self._closed:
                 raise RuntimeError("connector is closing")
-            if engine_packed not in self._remote_engines:
-                if len(self._remote_engines) >= _MAX_REMOTE_ENGINES:
-                    raise RuntimeError(f"more than {_MAX_REMOTE_ENGINES} receiver engines; refusing a new one")
-                desc = io.EngineDesc.unpack(engine_packed)
-                self.engine.register_remote_engine(desc)
-                self._remote_engines[engine_packed] = desc
             mem = self._remote_mems.get(mem_packed)
             if mem is None:
                 mem = io.MemoryDesc.unpack(mem_packed)
@@ -307,9 +308,11 @@ class OmniTransport:
             self._count("pull_refused")
             return PullResponse(seq=req.seq, key=req.key, ok=False, error=exc.reason)
         consumed = pending = False
+        peer_key = None
         try:
             try:
-                remote_mem = self._remote(req.engine_desc, req.mem_desc)
+                peer_key = self._peers.acquire(req.engine_desc).key
+                remote_mem = self._remote_mem(req.mem_desc)
             except Exception as exc:
                 self._count("pull_refused")
                 return PullResponse(seq=req.seq, key=req.key, ok=False,
@@ -339,6 +342,8 @@ class OmniTransport:
             self._count("bytes_sent", entry.size)
             return PullResponse(seq=req.seq, key=req.key, ok=True)
         finally:
+            if peer_key is not None:
+                self._peers.release(peer_key)
             if not pending:
                 self.outbox.unpin(entry, consumed)
 
@@ -408,7 +413,7 @@ class OmniTransport:
                 return None
             bound = self.settings.transfer_timeout_for(size)
             pull = ParkedPull(key, tag or key, address, sock, seq, buffer, bool(is_fast_path), t1,
-                               give_up_at=t1 + 2 * bound + self.settings.query_timeout_s)
+                               give_up_at=t1 + 2 * bound + self.settings.query_timeout_s, codec=self.codec)
             return self._await(pull, deadline, t1, (t1 - t0) * 1000)
         finally:
             self._leave()
@@ -439,7 +444,7 @@ class OmniTransport:
             bound_at = pull.started + self.settings.transfer_timeout_for(pull.buffer.size)
             wait_until = bound_at if deadline is None else min(deadline, bound_at)
             try:
-                reply = wait_reply(pull.sock, pull.seq, wait_until)
+                reply = wait_reply(self.codec, pull.sock, pull.seq, wait_until)
             except zmq.ZMQError as exc:
                 logger.warning("pull of %r: control socket failed: %s", pull.key, exc)
                 reply = None
@@ -534,7 +539,7 @@ class OmniTransport:
             out.update(self.parked.stats())
         with self._lock:
             out["stuck_writes"] = len(self._stuck)
-            out["remote_engines"] = len(self._remote_engines)
+            out["remote_engines"] = len(self._peers) if hasattr(self, "_peers") else 0
             out["routes"] = dict(self._routes)
         if self._server is not None:
             out["listener_alive"] = self._server.alive
@@ -575,12 +580,11 @@ class OmniTransport:
                     self.pool.deregister(self.engine)
                 except Exception as exc:
                     logger.warning("deregister_memory failed: %s", exc)
-            for desc in list(self._remote_engines.values()):
+            for desc in self._peers.close() if hasattr(self, "_peers") else []:
                 try:
                     self.engine.deregister_remote_engine(desc)
                 except Exception as exc:
                     logger.debug("deregister_remote_engine(%s) failed: %s", desc.key, exc)
-            self._remote_engines.clear()
             self.engine = None  # the engine's destructor stops its backends
         self.pool = None
 

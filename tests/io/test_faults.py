@@ -21,6 +21,7 @@ from mori_core.io import (
 )
 
 from io_peer import LocalBuffer, TargetProcess
+from mori_core.bench.wire import raw_handshake, read_reply, request_header
 
 POISON = 0x5A
 
@@ -125,24 +126,12 @@ def test_deregistered_memory_is_refused(initiator, target):
 # --------------------------------------------------------- hostile frames
 def _handshake(port: int, key: str = "evil") -> socket.socket:
     """Speak the control-plane handshake (no secret) and open a TCP data channel."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-
-    def send(body: bytes) -> None:
-        s.sendall(struct.pack("<I", len(body)) + body)
-
-    def recv() -> bytes:
-        n = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))[0]
-        return s.recv(n, socket.MSG_WAITALL)
-
-    send(struct.pack("<IHBB", 0x4F49524D, 1, 1, 0) + struct.pack("<I", len(key)) + key.encode() + os.urandom(32))
-    recv()
-    send(bytes(32))
-    assert recv() == b"\x01"
+    s, verdict = raw_handshake(port, key)
+    assert verdict[:1] == b"\x01"
     return s
 
 
-def _header(op=1, flags=0, mem=1, nseg=1, req=1, uid=1, total=8, notify=0, magic=0x46434D54) -> bytes:
-    return struct.pack("<IBBHIIQQQII", magic, op, flags, 0, mem, nseg, req, uid, total, notify, 0)
+_header = request_header
 
 
 def _dropped(s: socket.socket) -> bool:
@@ -200,12 +189,10 @@ def test_refused_request_keeps_the_stream_usable(target):
     remote_buf, rm = target.region(64)
     s = _handshake(target.desc.port, "raw-client")
     s.sendall(_header(mem=rm.id, total=8) + struct.pack("<QQ", 60, 8) + b"x" * 8)  # 60+8 > 64
-    reply = s.recv(24, socket.MSG_WAITALL)
-    magic, kind, code, mlen, req, nbytes = struct.unpack("<IBBHQQ", reply)
+    kind, code, req, _ = read_reply(s)
     assert kind == 3 and code == int(StatusCode.ERR_INVALID_ARGS)
-    s.recv(mlen, socket.MSG_WAITALL)
     s.sendall(_header(mem=rm.id, total=8, req=2) + struct.pack("<QQ", 0, 8) + b"y" * 8)
-    magic, kind, code, mlen, req, nbytes = struct.unpack("<IBBHQQ", s.recv(24, socket.MSG_WAITALL))
+    kind, code, req, _ = read_reply(s)
     assert kind == 1 and req == 2
     assert bytes(remote_buf[:8]) == b"y" * 8
     s.close()

@@ -3,7 +3,10 @@
 One thread per worker serves two bound sockets (MoRIIO's two-port scheme): a ROUTER
 answering :class:`GetMeta` and a PULL receiving notifications. Every frame is bounded
 (``MAXMSGSIZE``) and decoded by the connector's codec; a bad or unauthenticated message
-is logged and dropped. Handlers run on this thread and must not block: anything slow is
+is dropped and logged, at most one line per peer address per interval (with counts), so
+a flood of bad frames cannot flood the log. Without a shared secret any peer that reaches
+the ports can send valid messages: the server warns at start when it binds beyond
+loopback that way. Handlers run on this thread and must not block: anything slow is
 handed to the transfer threads.
 """
 
@@ -16,6 +19,7 @@ from typing import Any, Callable, Dict, Tuple
 import zmq
 
 from mori_integrations.common.control_codec import ControlCodec, ControlMessageError
+from mori_integrations.common.log_limit import RateLimitedLog, zmq_peer_address, warn_if_exposed
 from mori_integrations.vllm.kv_connector.messages import AgentMetadata, GetMeta
 
 __all__ = ["ControlServer", "HandshakeError", "Notifier", "fetch_metadata"]
@@ -65,6 +69,8 @@ class ControlServer:
                 "on a host its own base ports."
             ) from e
         self.address = (host, handshake_port, notify_port)
+        self.bad_messages = RateLimitedLog(logger)
+        warn_if_exposed(logger, f"MoriSuiteConnector's KV side channel ({name})", host, codec.authenticated)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -87,9 +93,11 @@ class ControlServer:
 
     def _serve_one(self, sock: zmq.Socket, reply: bool) -> None:
         try:
-            frames = sock.recv_multipart(zmq.NOBLOCK)
+            parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
             return
+        source = zmq_peer_address(parts)
+        frames = [p.bytes for p in parts]
         identity = None
         if reply:
             if len(frames) < 2:
@@ -104,11 +112,12 @@ class ControlServer:
             else:
                 self._on_notify(message)
         except ControlMessageError as e:
-            logger.warning("MoriSuiteConnector: dropped a control message: %s", e)
+            self.bad_messages.warning(source, "MoriSuiteConnector: dropped a control message from %s: %s", source, e)
         except zmq.ZMQError as e:
-            logger.warning("MoriSuiteConnector: could not answer a handshake: %s", e)
-        except Exception:  # a bad message must not end the listener
-            logger.exception("MoriSuiteConnector: failed to handle a control message")
+            self.bad_messages.warning(source, "MoriSuiteConnector: could not answer a handshake from %s: %s", source, e)
+        except Exception as e:  # a bad message must not end the listener
+            self.bad_messages.warning(source, "MoriSuiteConnector: failed to handle a control message from %s: %r",
+                                      source, e)
 
     def close(self) -> None:
         self._stop.set()
@@ -150,6 +159,7 @@ class Notifier:
             for sock in self._sockets.values():
                 sock.close(0)
             self._sockets.clear()
+
 
 
 def fetch_metadata(

@@ -149,7 +149,8 @@ void RegisterIo(py::module_& m) {
 
   py::class_<TcpBackendConfig, BackendConfig>(m, "TcpBackendConfig", "Configuration of BackendType.TCP.")
       .def(py::init([](int numConnections, uint64_t chunkBytes, uint64_t minChunkBytes, int64_t opTimeoutMs,
-                       int64_t connectTimeoutMs, uint64_t stagingBytes, bool enableNotification, int sockBufBytes) {
+                       int64_t connectTimeoutMs, uint64_t stagingBytes, bool enableNotification, int sockBufBytes,
+                       int64_t heartbeatTimeoutMs) {
              TcpBackendConfig c;
              c.numConnections = numConnections;
              c.chunkBytes = chunkBytes;
@@ -159,11 +160,13 @@ void RegisterIo(py::module_& m) {
              c.stagingBytes = stagingBytes;
              c.enableNotification = enableNotification;
              c.sockBufBytes = sockBufBytes;
+             c.heartbeatTimeoutMs = heartbeatTimeoutMs;
              return c;
            }),
            py::arg("num_connections") = 4, py::arg("chunk_bytes") = 4ull << 20, py::arg("min_chunk_bytes") = 1ull << 20,
            py::arg("op_timeout_ms") = 10000, py::arg("connect_timeout_ms") = 2000, py::arg("staging_bytes") = 4ull << 20,
-           py::arg("enable_notification") = true, py::arg("sock_buf_bytes") = 4 << 20)
+           py::arg("enable_notification") = true, py::arg("sock_buf_bytes") = 4 << 20,
+           py::arg("heartbeat_timeout_ms") = 1500)
       .def_readwrite("num_connections", &TcpBackendConfig::numConnections)
       .def_readwrite("chunk_bytes", &TcpBackendConfig::chunkBytes)
       .def_readwrite("min_chunk_bytes", &TcpBackendConfig::minChunkBytes)
@@ -171,7 +174,8 @@ void RegisterIo(py::module_& m) {
       .def_readwrite("connect_timeout_ms", &TcpBackendConfig::connectTimeoutMs)
       .def_readwrite("staging_bytes", &TcpBackendConfig::stagingBytes)
       .def_readwrite("enable_notification", &TcpBackendConfig::enableNotification)
-      .def_readwrite("sock_buf_bytes", &TcpBackendConfig::sockBufBytes);
+      .def_readwrite("sock_buf_bytes", &TcpBackendConfig::sockBufBytes)
+      .def_readwrite("heartbeat_timeout_ms", &TcpBackendConfig::heartbeatTimeoutMs);
 
   py::class_<RdmaBackendConfig, BackendConfig>(m, "RdmaBackendConfig", "Configuration of BackendType.RDMA.")
       .def(py::init([](int qp, int postBatch, int workers, PollCqMode mode, bool notif, int notifPerQp, bool chunking,

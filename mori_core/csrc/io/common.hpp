@@ -93,6 +93,11 @@ struct TcpBackendConfig : BackendConfig {
   uint64_t stagingBytes = 4ull << 20;  // pinned host staging per socket for GPU memory
   bool enableNotification = true;
   int sockBufBytes = 4 << 20;          // SO_SNDBUF / SO_RCVBUF
+  // While transfers to a peer are outstanding, a separate connection pings it;
+  // no answer for this long fails them (a stopped or hung peer). A live peer
+  // answers even while a slow transfer drips, so slow links are not failed.
+  // 0 = off (then only op_timeout_ms applies).
+  int64_t heartbeatTimeoutMs = 1500;
 };
 
 struct RdmaBackendConfig : BackendConfig {

@@ -16,6 +16,10 @@
 namespace mori::io {
 namespace {
 
+// deregister_memory: transfers get this long to finish on their own; then the
+// sockets still moving the region's bytes are cut and the rest of the bound
+// is for threads that cannot be cut (GPU copies, RDMA work requests).
+constexpr int64_t kDeregisterGraceMs = 1000;
 constexpr int64_t kDeregisterDrainMs = 30000;
 
 // NUMA node of the page holding `ptr` (-1 when unknown or not yet touched).
@@ -175,9 +179,13 @@ void IOEngine::DeregisterMemory(const MemoryDesc& desc) {
                           "'");
   auto region = ctx_.memory.Remove(desc.id);
   if (!region) return;  // already deregistered: idempotent
-  if (!region->RevokeAndDrain(kDeregisterDrainMs))
-    MORI_WARN("deregister_memory: transfers on memory " << desc.id << " did not finish within "
-                                                        << kDeregisterDrainMs << " ms");
+  size_t cut = 0;
+  if (!region->RevokeAndDrain(kDeregisterGraceMs, kDeregisterDrainMs - kDeregisterGraceMs, &cut))
+    MORI_ERROR("deregister_memory: transfers on memory " << desc.id << " did not finish within "
+                                                         << kDeregisterDrainMs << " ms");
+  else if (cut > 0)
+    MORI_WARN("deregister_memory: memory " << desc.id << " was still in use after " << kDeregisterGraceMs
+                                           << " ms; cut " << cut << " connection(s) moving its bytes");
   {
     std::shared_lock<std::shared_mutex> lock(backendsMu_);
     for (auto& [t, b] : backends_) b->DeregisterMemory(region->desc);

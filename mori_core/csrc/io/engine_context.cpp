@@ -28,6 +28,7 @@ net::HandshakeOptions EngineContext::Handshake() const {
   o.selfKey = key;
   o.secret = config.authSecret;
   o.timeoutMs = env::GetInt("MORI_IO_CP_TIMEOUT_MS", 5000);
+  o.idleTimeoutMs = env::GetInt("MORI_IO_IDLE_TIMEOUT_MS", 300000);
   return o;
 }
 

@@ -1,6 +1,11 @@
 #include "io/notify_channel.hpp"
 
+#include <poll.h>
+
+#include <cstring>
+
 #include "common/logging.hpp"
+#include "io/net/log_limiter.hpp"
 
 namespace mori::io {
 namespace {
@@ -12,8 +17,16 @@ struct NotifyFrame {
   uint32_t magic;
   uint32_t parts;  // always 1 today; kept for symmetry with the table
   uint64_t uid;
+  uint8_t tag[16];  // over the fields above and the frame's position on the stream (zero without a secret)
 };
 #pragma pack(pop)
+constexpr size_t kNotifySigned = sizeof(NotifyFrame) - 16;
+
+// The target never sends on this channel: anything readable is its FIN or RST.
+bool PeerClosed(const net::Socket& s) {
+  struct pollfd p{s.fd(), POLLIN | POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
 
 }  // namespace
 
@@ -44,12 +57,18 @@ bool LocalEngineDirectory::Deliver(const std::string& toKey, const std::string& 
 void ServeNotifyChannel(EngineContext& ctx, net::Socket& sock, const net::PeerHello& peer,
                         const std::atomic<bool>& stopping) {
   std::string err;
-  while (!stopping.load()) {
+  net::FrameMac rx = peer.keys.ForReceiving(false);
+  const int64_t idle = peer.idleTimeoutMs > 0 ? peer.idleTimeoutMs : -1;
+  for (uint64_t n = 0; !stopping.load(); ++n) {
     NotifyFrame f{};
-    if (!sock.RecvAll(&f, 1, -1, &err, &stopping)) break;
+    if (!sock.RecvAll(&f, 1, idle, &err, &stopping)) break;  // idle: the sender redials when it needs to
     if (!sock.RecvAll(reinterpret_cast<uint8_t*>(&f) + 1, sizeof(f) - 1, 5000, &err)) break;
-    if (f.magic != kNotifyMagic || f.parts != 1) {
-      MORI_WARN("notify channel from '" << peer.engineKey << "': malformed frame, dropping connection");
+    net::Tag tag;
+    std::memcpy(tag.data(), f.tag, tag.size());
+    if (f.magic != kNotifyMagic || f.parts != 1 || !rx.Verify(n, {{&f, kNotifySigned}}, tag)) {
+      MORI_WARN_REMOTE(peer.address, "notify channel from '" << peer.engineKey << "' (" << peer.address
+                                                             << "): malformed or unauthenticated frame, "
+                                                                "dropping connection");
       return;
     }
     ctx.notifications.Record(peer.engineKey, f.uid, 1);
@@ -111,19 +130,31 @@ void NotificationSender::Loop() {
       warnedNoListener_[t.key] = true;
       continue;
     }
-    NotifyFrame f{kNotifyMagic, 1, item.uid};
     for (int attempt = 0; attempt < 2; ++attempt) {
       auto it = conns_.find(t.key);
+      if (it != conns_.end() && PeerClosed(it->second.sock)) {  // e.g. the target's idle timeout
+        conns_.erase(it);
+        it = conns_.end();
+      }
       try {
-        if (it == conns_.end())
-          it = conns_.emplace(t.key, net::Dial(t.host, t.port, net::Channel::Notify, ctx_.Handshake(), t.key, 2000))
-                   .first;
+        if (it == conns_.end()) {
+          net::SessionKeys keys;
+          net::Socket s = net::Dial(t.host, t.port, net::Channel::Notify, ctx_.Handshake(), t.key, 2000, &keys);
+          it = conns_.emplace(t.key, Conn{std::move(s), keys.ForSending(true), 0}).first;
+        }
       } catch (const std::exception& e) {
         MORI_WARN("cannot notify engine '" << t.key << "' of transfer " << item.uid << ": " << e.what());
         break;
       }
+      Conn& c = it->second;
+      NotifyFrame f{kNotifyMagic, 1, item.uid, {}};
+      net::Tag tag = c.mac.Sign(c.sent, {{&f, kNotifySigned}});
+      std::memcpy(f.tag, tag.data(), tag.size());
       std::string err;
-      if (it->second.SendAll(&f, sizeof(f), 2000, &err)) break;
+      if (c.sock.SendAll(&f, sizeof(f), 2000, &err)) {
+        ++c.sent;
+        break;
+      }
       conns_.erase(it);  // stale connection (peer restarted): redial once
       if (attempt == 1) MORI_WARN("cannot notify engine '" << t.key << "' of transfer " << item.uid << ": " << err);
     }

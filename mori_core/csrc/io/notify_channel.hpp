@@ -58,7 +58,12 @@ class NotificationSender {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
-  std::unordered_map<std::string, net::Socket> conns_;  // only touched by the thread
+  struct Conn {
+    net::Socket sock;
+    net::FrameMac mac;
+    uint64_t sent = 0;  // frames sent: the counter both sides put under the tags
+  };
+  std::unordered_map<std::string, Conn> conns_;  // only touched by the thread
   std::unordered_map<std::string, bool> forget_;
   std::unordered_map<std::string, bool> warnedNoListener_;  // only touched by the thread
   bool stop_ = false;

@@ -34,7 +34,15 @@ class SpawnedProcess:
             raise self.hello
 
     def call(self, cmd: str, arg: Any = None, timeout: Optional[float] = None) -> Any:
+        self.send(cmd, arg)
+        return self.result(timeout, cmd)
+
+    def send(self, cmd: str, arg: Any = None) -> None:
+        """Start a command without waiting; collect its reply with :meth:`result`."""
         self._pipe.send((cmd, arg))
+
+    def result(self, timeout: Optional[float] = None, cmd: str = "the last command") -> Any:
+        """The reply to the command started last (raised if it is an Exception)."""
         if not self._pipe.poll(self._call_timeout if timeout is None else timeout):
             raise TimeoutError(f"helper process did not answer {cmd}")
         reply = self._pipe.recv()

@@ -36,20 +36,21 @@ def receiver_extra(port: int, **kw: object) -> dict:
 class PullOnBehalf:
     """Sends a real PullRequest for a receiver that cannot (it is stopped)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, secret: str = "") -> None:
+        self.codec = protocol.make_codec(secret)
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(f"tcp://127.0.0.1:{port}")
 
     def send(self, key: str, desc: dict, length: int) -> None:
-        self.sock.send(protocol.encode(protocol.PullRequest(
+        self.sock.send_multipart(self.codec.encode(protocol.PullRequest(
             seq=1, key=key, engine_desc=desc["engine_desc"], mem_desc=desc["mem_desc"],
             dst_offset=desc["offset"], length=length)))
 
     def answer(self, timeout_s: float):
         if not self.sock.poll(int(timeout_s * 1000)):
             return None
-        return protocol.decode_reply(self.sock.recv())
+        return self.codec.decode(self.sock.recv_multipart())
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -58,8 +59,9 @@ class PullOnBehalf:
 def test_ttl_and_cleanup_never_free_a_buffer_under_a_slow_transfer(omni_procs, free_base_port) -> None:
     snd, rcv = omni_procs[0], omni_procs[1]
     port = free_base_port(1)
+    # The frozen receiver stands for a slow link here: no stopped-peer detection.
     snd.call("create", cid="ttl_s", extra=sender_extra(port, buffer_ttl_seconds=0.5, tcp_num_connections=1,
-                                                       memory_pool_size="160M"))
+                                                       memory_pool_size="160M", tcp_heartbeat_timeout_ms=0))
     rcv.call("create", cid="ttl_r", extra=receiver_extra(port, tcp_num_connections=1, memory_pool_size="80M"))
     put = snd.call("put", cid="ttl_s", frm="0", to="1", key="slow", kind="bytes", nbytes=BIG, seed=11)
     desc = rcv.call("reserve", cid="ttl_r", size=BIG)

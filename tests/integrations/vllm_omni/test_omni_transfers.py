@@ -119,7 +119,7 @@ def _raw_request(port: int, frames: list[bytes], timeout_s: float = 5.0):
         sock.send_multipart(frames)
         if not sock.poll(int(timeout_s * 1000)):
             return None
-        return protocol.decode_reply(sock.recv())
+        return protocol.make_codec().decode(sock.recv_multipart())
     finally:
         sock.close(linger=0)
 
@@ -131,20 +131,26 @@ def test_malformed_control_messages_get_clear_errors_and_change_nothing(pair) ->
     r_desc = rcv.call("reserve", cid="r", size=3305)
     before = snd.call("health", cid="s")["malformed_requests"]
 
-    def pull(**kw: object) -> bytes:
+    def pull(**kw: object) -> list[bytes]:
         fields = dict(seq=7, key=key, engine_desc=r_desc["engine_desc"], mem_desc=r_desc["mem_desc"],
                       dst_offset=r_desc["offset"], length=3305)
         fields.update(kw)
-        return msgspec.msgpack.encode({"type": "pull", **fields})
+        return [protocol.GUARD, b"PULL", msgspec.msgpack.encode(fields)]
+
+    def query(body: object) -> list[bytes]:
+        return [protocol.GUARD, b"QUERY", body if isinstance(body, bytes) else msgspec.msgpack.encode(body)]
 
     cases = {
         "garbage": [b"\xc1\xff not msgpack"],
-        "wrong shape": [msgspec.msgpack.encode({"type": "query"})],
-        "unknown type": [msgspec.msgpack.encode({"type": "delete", "seq": 1, "key": key})],
-        "key too long": [msgspec.msgpack.encode({"type": "query", "seq": 1, "key": "k" * 5000})],
-        "negative offset": [pull(dst_offset=-4096)],
-        "zero length": [pull(length=0)],
-        "over frame limit": [b"\x00" * (protocol.MAX_FRAME_BYTES + 100)],
+        "garbage body": query(b"\xc1\xff not msgpack"),
+        "wrong shape": query({"seq": 1}),
+        "unknown kind": [protocol.GUARD, b"DELETE", msgspec.msgpack.encode({"seq": 1, "key": key})],
+        "key too long": query({"seq": 1, "key": "k" * 5000}),
+        "key not UTF-8": query(b"\x82\xa3seq\x01\xa3key\xa2\xff\xfe"),
+        "a reply": [protocol.GUARD, b"NOTFOUND", msgspec.msgpack.encode({"seq": 1, "key": key})],
+        "negative offset": pull(dst_offset=-4096),
+        "zero length": pull(length=0),
+        "over frame limit": query(b"\x00" * (protocol.MAX_FRAME_BYTES + 100)),
         "two frames": [b"a", b"b"],
     }
     for name, frames in cases.items():
@@ -152,16 +158,16 @@ def test_malformed_control_messages_get_clear_errors_and_change_nothing(pair) ->
         assert isinstance(reply, protocol.Rejected), (name, reply)
         assert reply.reason, name
     # Far above the limit ZMQ drops the peer: no reply, no memory spent, listener alive.
-    assert _raw_request(port, [b"\x00" * (8 << 20)], timeout_s=1.0) is None
+    assert _raw_request(port, query(b"\x00" * (8 << 20)), timeout_s=1.0) is None
 
     # Well-formed but wrong: answered with a reason, the payload stays offered.
-    wrong_len = _raw_request(port, [pull(length=3306)])
+    wrong_len = _raw_request(port, pull(length=3306))
     assert isinstance(wrong_len, protocol.PullResponse) and not wrong_len.ok
     assert "payload is 3305 bytes" in wrong_len.error
-    bad_desc = _raw_request(port, [pull(engine_desc=b"\x93not an engine", mem_desc=b"\x01")])
+    bad_desc = _raw_request(port, pull(engine_desc=b"\x93not an engine", mem_desc=b"\x01"))
     assert isinstance(bad_desc, protocol.PullResponse) and not bad_desc.ok
     assert "bad receiver descriptor" in bad_desc.error
-    out_of_bounds = _raw_request(port, [pull(dst_offset=r_desc["pool_size"])])
+    out_of_bounds = _raw_request(port, pull(dst_offset=r_desc["pool_size"]))
     assert isinstance(out_of_bounds, protocol.PullResponse) and not out_of_bounds.ok
     assert "ERR_INVALID_ARGS" in out_of_bounds.error
 
@@ -215,9 +221,10 @@ def test_close_is_idempotent_and_releases_the_pool(pair, free_base_port) -> None
     snd.call("put", cid="cs", frm="0", to="1", key="b", kind="bytes", nbytes=5000, seed=2)
     assert rcv.call("close", cid="cr") == {"status": "closed"}
     # The closed receiver's pool is gone from its engine: a write into it fails cleanly.
-    pull = msgspec.msgpack.encode({"type": "pull", "seq": 1, "key": "b@0_1", "engine_desc": desc["engine_desc"],
-                                   "mem_desc": desc["mem_desc"], "dst_offset": desc["offset"], "length": 5000})
-    reply = _raw_request(base, [pull], timeout_s=30)
+    pull = protocol.make_codec().encode(protocol.PullRequest(
+        seq=1, key="b@0_1", engine_desc=desc["engine_desc"], mem_desc=desc["mem_desc"], dst_offset=desc["offset"],
+        length=5000))
+    reply = _raw_request(base, pull, timeout_s=30)
     assert isinstance(reply, protocol.PullResponse) and not reply.ok
     assert snd.call("close", cid="cs") == {"status": "closed"}
     assert "closed" in snd.call("call_after_close", cid="cs")

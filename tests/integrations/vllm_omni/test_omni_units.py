@@ -70,31 +70,52 @@ def _pull(**kw: object) -> protocol.PullRequest:
 
 
 def test_protocol_round_trip() -> None:
-    for msg in (protocol.QueryRequest(seq=3, key="a@0_1"), _pull(dst_offset=4096, length=3305)):
-        assert protocol.decode_request(protocol.encode(msg)) == msg
-    for rep in (protocol.QueryResponse(seq=1, key="k", data_size=5, is_fast_path=True),
+    codec = protocol.make_codec()
+    for msg in (protocol.QueryRequest(seq=3, key="a@0_1"), _pull(dst_offset=4096, length=3305),
+                protocol.QueryResponse(seq=1, key="k", data_size=5, is_fast_path=True),
                 protocol.PullResponse(seq=2, key="k", ok=False, error="x", write_pending=True),
                 protocol.NotFound(seq=3, key="k"), protocol.Rejected(seq=0, reason="r")):
-        assert protocol.decode_reply(protocol.encode(rep)) == rep
+        assert codec.decode(codec.encode(msg)) == msg
 
 
-@pytest.mark.parametrize("frame", [
-    b"\xc1garbage",
-    msgspec.msgpack.encode({"type": "query"}),
-    msgspec.msgpack.encode({"type": "query", "seq": 1, "key": "x" * (protocol.MAX_KEY_CHARS + 1)}),
-    msgspec.msgpack.encode({"type": "query", "seq": 1, "key": ""}),
-    msgspec.msgpack.encode({"type": "pull", "seq": 1, "key": "k", "engine_desc": b"e", "mem_desc": b"m",
-                            "dst_offset": -1, "length": 10}),
-    msgspec.msgpack.encode({"type": "pull", "seq": 1, "key": "k", "engine_desc": b"e", "mem_desc": b"m",
-                            "dst_offset": 0, "length": 0}),
-    msgspec.msgpack.encode({"type": "pull", "seq": 1, "key": "k", "engine_desc": b"e" * (protocol.MAX_DESC_BYTES + 1),
-                            "mem_desc": b"m", "dst_offset": 0, "length": 1}),
-    msgspec.msgpack.encode({"type": "info", "seq": 1, "key": "k", "data_size": 1, "is_fast_path": True}),
-    b"\x00" * (protocol.MAX_FRAME_BYTES + 1),
+def _frames(kind: bytes, body: object) -> list[bytes]:
+    return [protocol.GUARD, kind, body if isinstance(body, bytes) else msgspec.msgpack.encode(body)]
+
+
+@pytest.mark.parametrize("frames", [
+    _frames(b"QUERY", b"\xc1garbage"),
+    _frames(b"QUERY", {"seq": 1}),
+    _frames(b"QUERY", {"seq": 1, "key": "x" * (protocol.MAX_KEY_CHARS + 1)}),
+    _frames(b"QUERY", {"seq": 1, "key": ""}),
+    _frames(b"QUERY", b"\x82\xa3seq\x01\xa3key\xa2\xff\xfe"),  # key is invalid UTF-8 (issue #21 item 1)
+    _frames(b"PULL", {"seq": 1, "key": "k", "engine_desc": b"e", "mem_desc": b"m", "dst_offset": -1, "length": 10}),
+    _frames(b"PULL", {"seq": 1, "key": "k", "engine_desc": b"e", "mem_desc": b"m", "dst_offset": 0, "length": 0}),
+    _frames(b"PULL", {"seq": 1, "key": "k", "engine_desc": b"e" * (protocol.MAX_DESC_BYTES + 1), "mem_desc": b"m",
+                      "dst_offset": 0, "length": 1}),
+    _frames(b"\xff\xfe", {"seq": 1, "key": "k"}),
+    _frames(b"QUERY", b"\x00" * (protocol.MAX_FRAME_BYTES + 1)),
+    [b"not our guard", b"QUERY", b"x"],
 ])
-def test_protocol_rejects_malformed_requests(frame: bytes) -> None:
+def test_protocol_rejects_malformed_messages(frames: list[bytes]) -> None:
     with pytest.raises(protocol.ProtocolError):
-        protocol.decode_request(frame)
+        protocol.make_codec().decode(frames)
+
+
+def test_protocol_with_a_secret_refuses_forged_replayed_and_foreign_messages() -> None:
+    mine, other, none = protocol.make_codec("s3cret"), protocol.make_codec("other"), protocol.make_codec()
+    msg = _pull()
+    signed = mine.encode(msg)
+    assert mine.decode(signed) == msg
+    with pytest.raises(protocol.ProtocolError, match="replayed"):
+        mine.decode(signed)
+    with pytest.raises(protocol.ProtocolError, match="unauthenticated"):
+        mine.decode(none.encode(msg))
+    with pytest.raises(protocol.ProtocolError, match="bad authentication"):
+        mine.decode(other.encode(msg))
+    tampered = list(mine.encode(msg))
+    tampered[2] = msgspec.msgpack.encode(_pull(dst_offset=4096))
+    with pytest.raises(protocol.ProtocolError, match="bad authentication"):
+        mine.decode(tampered)
 
 
 # ----------------------------------------------------------------- allocator

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/logging.hpp"
+#include "io/net/log_limiter.hpp"
 #include "io/rdma/control_protocol.hpp"
 #include "io/rdma/rdma_core.hpp"
 
@@ -20,30 +21,28 @@ void ServeControlChannel(const std::shared_ptr<RdmaCore>& core, net::Socket& soc
   std::map<uint64_t, GroupPtr> groups;
   std::string err;
   std::vector<uint8_t> body;
+  net::FrameMac rx = peer.keys.ForReceiving(false), tx = peer.keys.ForSending(false);
+  uint64_t n = 0;  // messages on this connection: the tags' counter
   while (!stopping.load() && !core->Closed()) {
-    // Idle peers are fine: wait in short slices so shutdown is noticed.
+    // Idle peers are fine (queue-pair groups live as long as this connection):
+    // wait in short slices so shutdown is noticed.
     struct pollfd p{sock.fd(), POLLIN, 0};
     int r = ::poll(&p, 1, 200);
-    if (r == 0) continue;
-    if (r < 0 && errno == EINTR) continue;
-    uint32_t n = 0;
-    if (r < 0 || !sock.RecvAll(&n, sizeof(n), t, &err)) break;
-    if (n > kMaxControlBytes) {
-      MORI_WARN(who << ": dropping connection, message of " << n << " bytes exceeds " << kMaxControlBytes);
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    if (r < 0 || !net::RecvAuthedMsg(sock, rx, n, &body, kMaxControlBytes, t, &err)) {
+      if (err.find("exceeds") != std::string::npos || err.find("authentication") != std::string::npos)
+        MORI_WARN_REMOTE(peer.address, who << ": dropping connection: " << err);
       break;
     }
-    body.resize(n);
-    if (!sock.RecvAll(body.data(), n, t, &err)) break;
     std::vector<uint8_t> reply;
     try {
       reply = core->Serve(peer.engineKey, body, &groups);
     } catch (const std::exception& e) {
-      MORI_WARN(who << ": dropping connection, malformed request (" << e.what() << ")");
+      MORI_WARN_REMOTE(peer.address, who << ": dropping connection, malformed request (" << e.what() << ")");
       break;
     }
-    uint32_t rn = static_cast<uint32_t>(reply.size());
-    struct iovec iov[2] = {{&rn, sizeof(rn)}, {reply.data(), reply.size()}};
-    if (!sock.SendV(iov, 2, t, &err)) break;
+    if (!net::SendAuthedMsg(sock, tx, n, reply.data(), static_cast<uint32_t>(reply.size()), t, &err)) break;
+    ++n;
   }
   if (!groups.empty())
     MORI_INFO(who << " closed; freeing " << groups.size() << " queue-pair group(s)"

@@ -36,25 +36,21 @@ bool PeerLink::CallLocked(const std::vector<uint8_t>& request, std::vector<uint8
   const int64_t t = core_.settings.controlTimeoutMs;
   if (!sock_.valid()) {
     try {
-      sock_ = net::Dial(desc_.host, desc_.port, net::Channel::RdmaControl, core_.ctx.Handshake(), desc_.key, t);
+      net::SessionKeys keys;
+      sock_ = net::Dial(desc_.host, desc_.port, net::Channel::RdmaControl, core_.ctx.Handshake(), desc_.key, t, &keys);
+      txMac_ = keys.ForSending(true);
+      rxMac_ = keys.ForReceiving(true);
+      calls_ = 0;
     } catch (const std::exception& e) {
       *err = "RDMA control connection to " + where_ + " failed: " + e.what();
       return false;
     }
     generation_.fetch_add(1);
   }
-  uint32_t n = static_cast<uint32_t>(request.size());
-  struct iovec iov[2] = {{&n, sizeof(n)}, {const_cast<uint8_t*>(request.data()), request.size()}};
   std::string e;
-  bool ok = sock_.SendV(iov, 2, t, &e) && sock_.RecvAll(&n, sizeof(n), t, &e);
-  if (ok && n > kMaxControlBytes) {
-    e = "reply of " + std::to_string(n) + " bytes exceeds " + std::to_string(kMaxControlBytes);
-    ok = false;
-  }
-  if (ok) {
-    reply->resize(n);
-    ok = sock_.RecvAll(reply->data(), n, t, &e);
-  }
+  bool ok = net::SendAuthedMsg(sock_, txMac_, calls_, request.data(), static_cast<uint32_t>(request.size()), t, &e) &&
+            net::RecvAuthedMsg(sock_, rxMac_, calls_, reply, kMaxControlBytes, t, &e);
+  ++calls_;
   if (!ok) {
     sock_.Close();
     if (e == "connection closed by peer")

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/common.hpp"
+#include "io/net/auth.hpp"
 #include "io/net/socket.hpp"
 #include "io/rdma/qp_group.hpp"
 
@@ -64,6 +65,8 @@ class PeerLink : public std::enable_shared_from_this<PeerLink> {
 
   std::mutex callMu_;  // one request in flight on the control connection
   net::Socket sock_;
+  net::FrameMac txMac_, rxMac_;  // message tags under the connection's keys
+  uint64_t calls_ = 0;           // requests on this connection: the tags' counter
   std::atomic<uint64_t> generation_{0};
 
   std::mutex connectMu_;  // one group connect at a time per peer

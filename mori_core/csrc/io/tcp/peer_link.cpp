@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "common/error.hpp"
 #include "common/logging.hpp"
 #include "io/tcp/wire.hpp"
 
@@ -70,6 +71,7 @@ Connection::Connection(const LinkTarget& target, int index)
 
 Connection::~Connection() {
   stop_ = true;
+  cut_->Detach();  // sock_ closes after this body
   Fail("engine is shutting down");
   if (sender_.joinable()) sender_.join();
   if (receiver_.joinable()) receiver_.join();
@@ -81,7 +83,7 @@ void Connection::Resolve(const FramePtr& f, StatusCode code, const std::string& 
   f->xfer->PartDone(code, message);
 }
 
-void Connection::Enqueue(FramePtr frame) {
+bool Connection::Enqueue(FramePtr frame) {
   outstanding_.fetch_add(1);
   const TcpTransfer& x = *frame->xfer;
   // Small CPU frames go out from the caller's thread when the socket is idle.
@@ -89,13 +91,17 @@ void Connection::Enqueue(FramePtr frame) {
                         (frame->isRead || x.localLoc != MemoryLocationType::GPU);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (retired_) {
+      outstanding_.fetch_sub(1);
+      return false;
+    }
     if (broken_) {
       frame->resolved = true;
     } else if (!(eligible && dialed_ && !senderBusy_ && !handoff_ && queue_.empty())) {
       if (outstanding_.load() == 1) lastProgressMs_ = NowMs();
       queue_.push_back(std::move(frame));
       cv_.notify_one();
-      return;
+      return true;
     } else {
       if (outstanding_.load() == 1) lastProgressMs_ = NowMs();
       senderBusy_ = true;
@@ -106,7 +112,7 @@ void Connection::Enqueue(FramePtr frame) {
   }
   if (frame->resolved) {
     Resolve(frame, StatusCode::ERR_BAD_STATE, failReason_);
-    return;
+    return true;
   }
   Prepare(*frame);
   std::string err;
@@ -115,9 +121,10 @@ void Connection::Enqueue(FramePtr frame) {
     std::lock_guard<std::mutex> lock(mu_);
     handoff_ = std::move(frame);
     cv_.notify_one();
-    return;
+    return true;
   }
   AfterSend(frame, r == 1, err);
+  return true;
 }
 
 void Connection::Fail(const std::string& reason) {
@@ -126,10 +133,12 @@ void Connection::Fail(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_) {
       broken_ = true;
+      const std::string why =
+          cut_->IsCut() ? "cut because the local memory of a transfer on it was deregistered" : reason;
       failReason_ = "TCP connection " + std::to_string(index_) + " to engine '" + target_.remote.key + "' (" +
-                    target_.remote.host + ":" + std::to_string(target_.remote.port) + ") failed: " + reason;
+                    target_.remote.host + ":" + std::to_string(target_.remote.port) + ") failed: " + why;
       bool busy = !queue_.empty() || !inflight_.empty();
-      if (stop_) {
+      if (stop_ || retired_) {
         MORI_DEBUG(failReason_);
       } else if (busy) {
         MORI_WARN(failReason_);
@@ -157,13 +166,17 @@ void Connection::Fail(const std::string& reason) {
 
 void Connection::SendLoop() {
   try {
+    net::SessionKeys keys;
     net::Socket s = net::Dial(target_.remote.host, target_.remote.port, net::Channel::TcpData, target_.handshake,
-                              target_.remote.key, target_.config.connectTimeoutMs);
+                              target_.remote.key, target_.config.connectTimeoutMs, &keys, &broken_);
     s.ConfigureForBulk(target_.config.sockBufBytes, target_.config.opTimeoutMs);
+    txMac_ = keys.ForSending(true);
+    rxMac_ = keys.ForReceiving(true);
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_) return;
     sock_ = std::move(s);
     dialed_ = true;
+    if (!cut_->SetFd(sock_.fd())) throw BadState("cut before it was used");
   } catch (const std::exception& e) {
     Fail(e.what());
     return;
@@ -220,7 +233,7 @@ void Connection::AfterSend(const FramePtr& f, bool ok, const std::string& err) {
   }
 }
 
-void Connection::Prepare(Frame& f) const {
+void Connection::Prepare(Frame& f) {
   RequestHeader& h = f.header;
   h.magic = kFrameMagic;
   h.op = static_cast<uint8_t>(f.isRead ? Op::Read : Op::Write);
@@ -233,6 +246,7 @@ void Connection::Prepare(Frame& f) const {
   h.notifyTotal = f.notifyTotal;
   f.table.resize(f.segments.size());
   for (size_t i = 0; i < f.segments.size(); ++i) f.table[i] = {f.segments[i].remoteOffset, f.segments[i].size};
+  SignRequest(txMac_, h, f.table.data(), f.table.size() * sizeof(WireSegment));
   const TcpTransfer& x = *f.xfer;
   f.iov.clear();
   f.iov.reserve(2 + (f.isRead ? 0 : f.segments.size()));
@@ -255,6 +269,8 @@ bool Connection::SendRest(Frame& f, std::string* err) {
 
 bool Connection::WaitForReply(std::string* err) {
   // Idle time does not count: the clock runs only while requests are outstanding.
+  const int64_t idleTimeout = target_.handshake.idleTimeoutMs;
+  int64_t idleSince = NowMs();
   while (true) {
     struct pollfd p{sock_.fd(), POLLIN, 0};
     int r = ::poll(&p, 1, 100);
@@ -266,6 +282,15 @@ bool Connection::WaitForReply(std::string* err) {
     int64_t now = NowMs();
     if (outstanding_.load() == 0) {
       lastProgressMs_ = now;
+      // Retire before the target's idle timeout could close it under a new request.
+      if (idleTimeout > 0 && now - idleSince > idleTimeout / 2) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (outstanding_.load() == 0 && queue_.empty() && inflight_.empty() && !handoff_ && !senderBusy_) {
+          retired_ = true;
+          *err = "idle, retired";
+          return false;
+        }
+      }
     } else if (now - lastProgressMs_.load() > target_.config.opTimeoutMs) {
       *err = "no reply for " + std::to_string(target_.config.opTimeoutMs) +
              " ms (peer stalled; raise TcpBackendConfig.op_timeout_ms for slow links)";
@@ -280,6 +305,7 @@ bool Connection::ReceiveReply(std::string* err) {
   if (!sock_.RecvAll(&h, sizeof(h), t, err)) return false;
   lastProgressMs_ = NowMs();
   if (h.magic != kFrameMagic || h.kind < 1 || h.kind > 3 || h.messageLen > kMaxReplyMessage) {
+    // Nothing of a malformed reply is used; the connection ends.
     *err = "malformed reply from peer";
     return false;
   }
@@ -295,6 +321,10 @@ bool Connection::ReceiveReply(std::string* err) {
   }
   std::string message(h.messageLen, '\0');
   bool ok = sock_.RecvAll(message.data(), message.size(), t, err);
+  if (ok && !VerifyReply(rxMac_, h, message.data(), message.size())) {
+    *err = "reply failed authentication (not from the engine that completed the handshake)";
+    ok = false;
+  }
   StatusCode code = StatusCode::SUCCESS;
   std::string text;
   auto kind = static_cast<ReplyKind>(h.kind);
@@ -326,6 +356,7 @@ bool Connection::ReceiveReply(std::string* err) {
   }
   if (!ok) {
     code = StatusCode::ERR_BAD_STATE;
+    if (cut_->IsCut()) *err = "cut because the local memory of a transfer on it was deregistered";
     text = "TCP transfer to engine '" + target_.remote.key + "' failed: " + *err;
   }
   bool resolveHere = false;
@@ -355,8 +386,28 @@ void Connection::RecvLoop() {
 }
 
 // ------------------------------------------------------------------- PeerLink
-PeerLink::PeerLink(LinkTarget target) : target_(std::move(target)) {
+PeerLink::PeerLink(LinkTarget target)
+    : target_(std::move(target)),
+      heartbeat_(target_, [this] { return Busy(); }, [this](const std::string& why) { AbortAll(why); }) {
+  std::lock_guard<std::mutex> lock(mu_);
   conns_.resize(static_cast<size_t>(std::max(1, target_.config.numConnections)));
+}
+
+bool PeerLink::Busy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& c : conns_)
+    if (c && !c->Broken() && c->Outstanding() > 0) return true;
+  return false;
+}
+
+void PeerLink::AbortAll(const std::string& reason) {
+  std::vector<std::shared_ptr<Connection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns = conns_;
+  }
+  for (auto& c : conns)
+    if (c) c->Abort(reason);
 }
 
 PeerLink::~PeerLink() { Close(); }
@@ -376,7 +427,7 @@ std::shared_ptr<Connection> PeerLink::ConnectionAt(size_t i) {
   std::shared_ptr<Connection> stale;
   std::lock_guard<std::mutex> lock(mu_);
   auto& c = conns_[i % conns_.size()];
-  if (!c || c->Broken()) {
+  if (!c || c->Broken()) {  // broken or retired as idle
     stale = std::move(c);
     c = std::make_shared<Connection>(target_, static_cast<int>(i % conns_.size()));
   }
@@ -395,6 +446,13 @@ void PeerLink::Submit(const std::shared_ptr<TcpTransfer>& xfer, uint32_t remoteM
   xfer->remaining = static_cast<uint32_t>(plans.size());
   uint32_t notifyTotal = target_.config.enableNotification ? static_cast<uint32_t>(plans.size()) : 0;
   size_t start = rr_.fetch_add(plans.size());
+  std::vector<std::shared_ptr<Connection>> conns(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    conns[i] = ConnectionAt(start + i);
+    // Before any frame can finish (and release the pin): deregistering the
+    // local region cuts the connections that move its bytes.
+    xfer->localPin.Attach(conns[i]->cut());
+  }
   for (size_t i = 0; i < plans.size(); ++i) {
     auto f = std::make_shared<Frame>();
     f->xfer = xfer;
@@ -404,8 +462,13 @@ void PeerLink::Submit(const std::shared_ptr<TcpTransfer>& xfer, uint32_t remoteM
     f->notifyTotal = notifyTotal;
     f->bytes = TotalBytes(plans[i]);
     f->segments = std::move(plans[i]);
-    ConnectionAt(start + i)->Enqueue(std::move(f));
+    // A connection that retired itself as idle meanwhile takes nothing: use a fresh one.
+    for (auto c = conns[i]; !c->Enqueue(f);) {
+      c = ConnectionAt(start + i);
+      xfer->localPin.Attach(c->cut());
+    }
   }
+  heartbeat_.Kick();
 }
 
 }  // namespace mori::io::tcp

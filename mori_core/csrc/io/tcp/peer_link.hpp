@@ -5,7 +5,10 @@
 // thread (reads replies in request order, lands READ data in local memory,
 // resolves frames). A connection that breaks — peer closed, reset, or no
 // progress for opTimeoutMs while requests are outstanding — fails everything
-// it holds and is replaced by a fresh one on the next submission.
+// it holds and is replaced by a fresh one on the next submission. A
+// connection with nothing outstanding for half the peer's idle timeout retires
+// itself (the next submission dials a fresh one), so targets never have to
+// close a connection an initiator is about to use.
 #pragma once
 
 #include <atomic>
@@ -18,8 +21,10 @@
 #include <vector>
 
 #include "io/common.hpp"
+#include "io/memory_table.hpp"
 #include "io/net/control_plane.hpp"
 #include "io/tcp/gpu_staging.hpp"
+#include "io/tcp/heartbeat.hpp"
 #include "io/tcp/transfer_state.hpp"
 
 namespace mori::io::tcp {
@@ -37,15 +42,21 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  void Enqueue(FramePtr frame);
+  // False (frame not taken) when the connection retired itself as idle:
+  // the caller retries on a fresh one.
+  bool Enqueue(FramePtr frame);
   bool Broken() const { return broken_.load(); }
   size_t Outstanding() const { return outstanding_.load(); }
+  // Fails everything this connection holds (the peer was found stopped).
+  void Abort(const std::string& reason) { Fail(reason); }
+  // Deregistration of a local region whose bytes this connection moves cuts it.
+  const CutPtr& cut() const { return cut_; }
 
  private:
   void SendLoop();
   void RecvLoop();
   // Builds the frame's header, segment table and iovecs (data too for CPU writes).
-  void Prepare(Frame& f) const;
+  void Prepare(Frame& f);
   // Sends what is left of a prepared frame, blocking with the op timeout.
   bool SendRest(Frame& f, std::string* err);
   // Bookkeeping after this thread stopped sending `f`; releases the send token.
@@ -75,8 +86,11 @@ class Connection {
   bool senderBusy_ = false;
   bool dialed_ = false;
   FramePtr handoff_;
+  bool retired_ = false;  // idle retirement: Enqueue refuses, the link dials anew
   std::string failReason_;
   DeviceStager txStager_, rxStager_;
+  net::FrameMac txMac_, rxMac_;  // request tags (token holder) / reply tags (receiver thread)
+  CutPtr cut_ = std::make_shared<CutHandle>();
 };
 
 class PeerLink {
@@ -93,12 +107,15 @@ class PeerLink {
 
  private:
   std::shared_ptr<Connection> ConnectionAt(size_t i);
+  bool Busy();
+  void AbortAll(const std::string& reason);
 
   LinkTarget target_;
   std::mutex mu_;
   std::vector<std::shared_ptr<Connection>> conns_;
   std::atomic<size_t> rr_{0};
   std::atomic<bool> alive_{true};
+  Heartbeat heartbeat_;  // last: stopped (joined) before the connections go
 };
 
 // Frame planning, exposed for tests: frames of at most `frameBytes` and

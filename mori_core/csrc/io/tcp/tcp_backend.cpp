@@ -21,6 +21,9 @@ void ValidateConfig(const TcpBackendConfig& c) {
   if (c.connectTimeoutMs < 10)
     throw InvalidArgument("TcpBackendConfig.connect_timeout_ms=" + std::to_string(c.connectTimeoutMs) +
                           " must be >= 10");
+  if (c.heartbeatTimeoutMs != 0 && c.heartbeatTimeoutMs < 100)
+    throw InvalidArgument("TcpBackendConfig.heartbeat_timeout_ms=" + std::to_string(c.heartbeatTimeoutMs) +
+                          " must be 0 (off) or >= 100");
   if (c.stagingBytes < (128u << 10))
     throw InvalidArgument("TcpBackendConfig.staging_bytes=" + std::to_string(c.stagingBytes) + " must be >= 131072");
 }

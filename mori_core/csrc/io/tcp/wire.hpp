@@ -5,6 +5,14 @@
 // Target -> initiator, one reply per request, in request order:
 //   ReplyHeader | message[messageLen] | payload (READ_DATA only)
 //
+// Request ids start at 1 on each connection and grow by one per request; the
+// target refuses any other. With a shared secret every header carries a tag
+// (HMAC-SHA256/128 under the connection's key for its direction, see
+// net/control_plane.hpp) over the header, the segment table (requests) or the
+// message (replies) and the request id: only the engine that completed the
+// handshake can issue requests or answer them. Payload bytes are not tagged
+// (docs/reliability.md gives the threat model and the measured cost).
+//
 // Offsets in a request are offsets into the target's registered region
 // `memId`; the target checks every range against that region before it
 // touches memory. Anything malformed ends the connection (and is logged);
@@ -13,7 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
+
+#include "io/net/auth.hpp"
 
 namespace mori::io::tcp {
 
@@ -39,6 +50,7 @@ struct RequestHeader {
   uint64_t totalBytes;   // sum of segment sizes
   uint32_t notifyTotal;  // frames that make up the whole transfer
   uint32_t reserved2;
+  uint8_t tag[16];       // zero without a secret
 };
 
 struct WireSegment {
@@ -53,11 +65,14 @@ struct ReplyHeader {
   uint16_t messageLen;
   uint64_t requestId;
   uint64_t dataBytes;
+  uint8_t tag[16];  // zero without a secret
 };
 #pragma pack(pop)
 
-static_assert(sizeof(RequestHeader) == 48, "RequestHeader layout");
-static_assert(sizeof(ReplyHeader) == 24, "ReplyHeader layout");
+static_assert(sizeof(RequestHeader) == 64, "RequestHeader layout");
+static_assert(sizeof(ReplyHeader) == 40, "ReplyHeader layout");
+constexpr size_t kRequestSigned = sizeof(RequestHeader) - 16;  // header bytes under the tag
+constexpr size_t kReplySigned = sizeof(ReplyHeader) - 16;
 
 // Structural validation of a request header; "" when acceptable.
 inline std::string ValidateRequestHeader(const RequestHeader& h) {
@@ -72,6 +87,26 @@ inline std::string ValidateRequestHeader(const RequestHeader& h) {
     return "frame payload " + std::to_string(h.totalBytes) + " exceeds " + std::to_string(kMaxFrameBytes);
   if ((h.flags & kFlagNotify) && h.notifyTotal == 0) return "notification with zero parts";
   return "";
+}
+
+// Tag of a request (header + segment table) / a reply (header + message).
+inline void SignRequest(net::FrameMac& mac, RequestHeader& h, const void* table, size_t tableBytes) {
+  net::Tag t = mac.Sign(h.requestId, {{&h, kRequestSigned}, {table, tableBytes}});
+  std::memcpy(h.tag, t.data(), t.size());
+}
+inline bool VerifyRequest(net::FrameMac& mac, const RequestHeader& h, const void* table, size_t tableBytes) {
+  net::Tag t;
+  std::memcpy(t.data(), h.tag, t.size());
+  return mac.Verify(h.requestId, {{&h, kRequestSigned}, {table, tableBytes}}, t);
+}
+inline void SignReply(net::FrameMac& mac, ReplyHeader& h, const void* message, size_t messageBytes) {
+  net::Tag t = mac.Sign(h.requestId, {{&h, kReplySigned}, {message, messageBytes}});
+  std::memcpy(h.tag, t.data(), t.size());
+}
+inline bool VerifyReply(net::FrameMac& mac, const ReplyHeader& h, const void* message, size_t messageBytes) {
+  net::Tag t;
+  std::memcpy(t.data(), h.tag, t.size());
+  return mac.Verify(h.requestId, {{&h, kReplySigned}, {message, messageBytes}}, t);
 }
 
 }  // namespace mori::io::tcp

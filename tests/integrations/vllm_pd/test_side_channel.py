@@ -1,0 +1,154 @@
+"""The PD connector's side channel under hostile input (issue #21 items 6 and 9).
+
+A real ControlServer on real ZMQ sockets; forged, garbled and invalid-UTF-8
+frames are sent the way an outsider would.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import pytest
+
+pytest.importorskip("msgspec")
+zmq = pytest.importorskip("zmq")
+
+from mori_integrations.common.net import detect_local_ip  # noqa: E402
+from mori_integrations.vllm.kv_connector.control import ControlServer, fetch_metadata  # noqa: E402
+from mori_integrations.vllm.kv_connector.messages import (  # noqa: E402
+    GUARD,
+    AgentMetadata,
+    ConsumerDone,
+    LayerLayout,
+    make_codec,
+)
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _metadata() -> AgentMetadata:
+    layer = LayerLayout(name="l", group=0, region=0, offset=0, block_stride=64, head_stride=32, num_heads=2,
+                        head_runs=[(0, 32)], block_runs=[(0, 64)], content="float32:4x2")
+    return AgentMetadata(engine_id="e", engine_desc=b"d", regions=[b"r"], layers=[layer], tp_rank=0, tp_size=1,
+                         dp_rank=0, total_kv_heads=2, replicated_heads=False, block_size=16, group_block_sizes=[16],
+                         notify_host="127.0.0.1", notify_port=1)
+
+
+def _done(i: int) -> ConsumerDone:
+    return ConsumerDone(transfer_id=f"t{i}", consumer_key="k", consumer_rank=0, consumer_tp=1, ok=True, nbytes=i)
+
+
+def _hostile_frames(rng: random.Random, valid: list[bytes], n: int) -> list[list[bytes]]:
+    """``n`` messages: mutations of a valid one, invalid UTF-8, garbage, wrong frame counts."""
+    out = []
+    for i in range(n):
+        choice = i % 5
+        frames = list(valid)
+        if choice == 0:  # flip bytes of the body
+            body = bytearray(frames[2])
+            for _ in range(rng.randint(1, 4)):
+                body[rng.randrange(len(body))] = rng.randrange(256)
+            frames[2] = bytes(body)
+        elif choice == 1:  # a string field that is not UTF-8
+            frames[2] = frames[2].replace(b"\xa1k", b"\xa2\xff\xfe", 1)
+        elif choice == 2:
+            frames[2] = rng.randbytes(rng.randint(0, 64))
+        elif choice == 3:
+            frames = [GUARD, rng.randbytes(5)] + frames[2:]
+        else:  # a forged, well-formed message of another transfer
+            frames = make_codec("").encode(_done(i))
+        out.append(frames)
+    return out
+
+
+def _server(codec_secret: str, host: str, delivered: list):
+    hport, nport = _free_ports(2)
+    ctx = zmq.Context()
+    server = ControlServer(make_codec(codec_secret), ctx, host, hport, nport, _metadata, delivered.append, "test-side")
+    return ctx, server, hport, nport
+
+
+def test_forged_frames_with_a_secret_deliver_nothing_and_log_little(caplog) -> None:
+    """10,000 hostile frames: with a secret none is delivered (item 6), the listener stays
+    up and answers a legitimate handshake, and the log gets a few lines (item 9)."""
+    delivered: list = []
+    ctx, server, hport, nport = _server("s3cret", "127.0.0.1", delivered)
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://127.0.0.1:{nport}")
+    try:
+        caplog.set_level(logging.WARNING)
+        rng = random.Random(21)
+        for frames in _hostile_frames(rng, make_codec("").encode(_done(0)), 10_000):
+            push.send_multipart(frames)
+        legit = make_codec("s3cret").encode(_done(99))
+        push.send_multipart(legit)
+        deadline = time.monotonic() + 30
+        while not delivered and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert delivered == [_done(99)], f"{len(delivered)} delivered"
+        meta = fetch_metadata(make_codec("s3cret"), ctx, "127.0.0.1", hport, "tester", 10.0)
+        assert meta.engine_id == "e"
+        lines = [r for r in caplog.records if "dropped a control message" in r.getMessage()]
+        assert 1 <= len(lines) <= 3, f"{len(lines)} log lines for 10,000 bad frames"
+        assert server.bad_messages.events >= 10_000
+    finally:
+        push.close(0)
+        server.close()
+        ctx.term()
+
+
+def test_invalid_utf8_frames_do_not_log_tracebacks(caplog) -> None:
+    """Item 9: without a secret, invalid-UTF-8 frames are dropped with a rate-limited
+    warning, never a traceback per frame; a valid notification still arrives."""
+    delivered: list = []
+    ctx, server, _, nport = _server("", "127.0.0.1", delivered)
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://127.0.0.1:{nport}")
+    try:
+        caplog.set_level(logging.WARNING)
+        valid = make_codec("").encode(_done(0))
+        bad = [valid[0], valid[1], valid[2].replace(b"\xa1k", b"\xa2\xff\xfe", 1)]
+        assert bad[2] != valid[2]
+        for _ in range(2000):
+            push.send_multipart(bad)
+        push.send_multipart(valid)
+        deadline = time.monotonic() + 30
+        while not delivered and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert delivered == [_done(0)]
+        assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+        assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) <= 3
+    finally:
+        push.close(0)
+        server.close()
+        ctx.term()
+
+
+def test_unauthenticated_side_channel_beyond_loopback_warns_at_start(caplog) -> None:
+    """Item 6: without a secret any peer can send valid notifications; the server says so
+    once at start when it binds a non-loopback address (and not on loopback or with a secret)."""
+    host = detect_local_ip()
+    if host.startswith("127."):
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    caplog.set_level(logging.WARNING)
+    for secret, bind, expect in (("", host, True), ("", "127.0.0.1", False), ("s3cret", host, False)):
+        caplog.clear()
+        ctx, server, _, _ = _server(secret, bind, [])
+        server.close()
+        ctx.term()
+        warned = [r for r in caplog.records if "without authentication" in r.getMessage()]
+        assert len(warned) == (1 if expect else 0), (secret, bind, warned)
