@@ -28,7 +28,8 @@ from vllm_cluster import start_pd  # noqa: E402
 
 
 BLOCK = 32
-TIMEOUTS = {"transfer_timeout": 4, "recv_abort_timeout": 10, "defer_timeout": 20, "handshake_timeout": 3}
+# recv_abort_timeout well above DEAD_BOUND_S: a WRITE to a dead prefill must end by seeing it gone, not by the timeout.
+TIMEOUTS = {"transfer_timeout": 4, "recv_abort_timeout": 30, "defer_timeout": 20, "handshake_timeout": 3}
 BLOCK_BYTES = BLOCK * kv_bytes_per_token()
 
 # >= 8 prompts of different lengths; 3 share a 64-token (two-block) prefix, 2 share one block.
@@ -50,6 +51,7 @@ MAX_TOKENS = [6, 9, 4, 12, 7, 5, 10, 8, 6, 11]
 RESTART_PROMPTS: List[List[int]] = [[(19 * i + 7 * n) % 470 + 20 for i in range(n)] for n in (45, 80, 111, 140)]
 RESTART_MAX_TOKENS = 6
 DEAD_BOUND_S = 15  # a request to a dead prefill ends (recomputed here) within this
+assert DEAD_BOUND_S < TIMEOUTS["recv_abort_timeout"]
 
 
 @pytest.fixture(scope="module")
