@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["WILDCARD_HOSTS", "detect_local_ip", "resolve_host"]
+__all__ = ["WILDCARD_HOSTS", "detect_local_ip", "refuses_connections", "resolve_host"]
 
 WILDCARD_HOSTS = ("auto", "", "*", "0.0.0.0")
 
@@ -29,3 +29,18 @@ def detect_local_ip() -> str:
 def resolve_host(value: str) -> str:
     """Turn ``auto``/``*``/``0.0.0.0``/empty into this host's address; keep others."""
     return detect_local_ip() if value.strip().lower() in WILDCARD_HOSTS else value.strip()
+
+
+def refuses_connections(host: str, port: int, timeout_s: float) -> bool:
+    """True when ``host`` actively refuses a TCP connection to ``port``: no process listens there.
+
+    A connection that succeeds, times out within ``timeout_s`` or fails otherwise (no route,
+    name not resolved) gives False: only a refusal proves the listener is gone.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False

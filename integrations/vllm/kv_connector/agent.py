@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -37,6 +38,7 @@ from mori_integrations.vllm.kv_connector.messages import (
     make_codec,
 )
 from mori_integrations.vllm.kv_connector.metadata import PeerAddress
+from mori_integrations.vllm.kv_connector.peer_watch import Address, PeerWatch
 from mori_integrations.vllm.kv_connector.planner import plan_layer
 from mori_integrations.vllm.kv_connector.stats import TransferCounters
 
@@ -64,12 +66,17 @@ class AgentIdentity:
 
 @dataclasses.dataclass
 class Peer:
-    """A remote worker: its metadata, registered engine and unpacked memory descriptors."""
+    """A remote worker: its metadata, registered engine and unpacked memory descriptors.
+
+    ``key`` is its IO engine key, unique per process: a server restarted on the same
+    ports is another peer. ``seen``: when it last proved alive (handshake, transfer).
+    """
 
     meta: AgentMetadata
     key: str
     regions: List[MemoryDesc]
     layers: Dict[str, LayerLayout]
+    seen: float = 0.0
 
 
 def pair_blocks(
@@ -117,10 +124,11 @@ class TransferAgent:
         self.lock = threading.RLock()
         self.counters = TransferCounters()
         self._peers: Dict[str, Peer] = {}
-        self._peer_by_address: Dict[Tuple[str, int], Peer] = {}
+        self._peer_by_address: Dict[Address, Peer] = {}
         self._closed = False
         self.control: Optional[ControlServer] = None
         self.heartbeat: Optional[ProxyHeartbeat] = None
+        self.watch: Optional[PeerWatch] = None
         self.pool: Optional[ThreadPoolExecutor] = None
         self.ctx = zmq.Context()
         layout = describe_kv_caches(kv_caches, layer_groups, num_blocks)
@@ -182,6 +190,8 @@ class TransferAgent:
                 self._on_notify,
                 name=f"mori-kv-ctl-tp{identity.tp_rank}",
             )
+            self.watch = PeerWatch(self.codec, self.ctx, self.engine_key, self.consumer.watched_producers,
+                                   self.consumer.on_producer_gone, name=f"mori-kv-watch-tp{identity.tp_rank}")
             if config.proxy_ip and identity.tp_rank == 0 and identity.dp_rank == 0:
                 self.heartbeat = ProxyHeartbeat(self.ctx, config.proxy_ip, config.proxy_ping_port, {
                     "type": identity.role,
@@ -243,31 +253,70 @@ class TransferAgent:
                 self._peers[desc.key] = peer
             return self._peers[desc.key]
 
-    def fetch_peer(self, address: PeerAddress, rank: int, tp_size: int) -> Peer:
-        """Handshake with rank ``rank`` of the producer at ``address`` (cached per port)."""
-        port = rank_port(address.handshake_port, address.dp_rank, tp_size, rank)
+    def peer_address(self, address: PeerAddress, rank: int, tp_size: int) -> Address:
+        """The handshake address of rank ``rank`` of the producer at ``address``."""
+        return address.host, rank_port(address.handshake_port, address.dp_rank, tp_size, rank)
+
+    def fetch_peer(self, address: PeerAddress, rank: int, tp_size: int, engine_id: Optional[str] = None) -> Peer:
+        """Rank ``rank`` of the producer at ``address``, from a cached handshake when it can be trusted.
+
+        The cache follows the process, not the address: an entry is redone when the peer was
+        not heard from for ``handshake_ttl`` or when ``engine_id`` (vLLM's engine id the
+        request's KV lives on, ``remote_engine_id``) is not the cached peer's; it is dropped
+        when a handshake or a transfer with the peer fails (:meth:`forget`). Raises
+        HandshakeError when the producer cannot be reached, or when the server there now is
+        not engine ``engine_id`` (it restarted after computing the request's KV: that KV is gone).
+        """
+        where = self.peer_address(address, rank, tp_size)
+        host, port = where
+        now = time.monotonic()
         with self.lock:
-            peer = self._peer_by_address.get((address.host, port))
-        if peer is not None:
+            peer = self._peer_by_address.get(where)
+        if (
+            peer is not None
+            and now - peer.seen <= self.config.handshake_ttl_s
+            and (engine_id is None or peer.meta.engine_id == engine_id)
+        ):
             return peer
-        meta = fetch_metadata(
-            self.codec, self.ctx, address.host, port, self.engine_key, self.config.handshake_timeout_s
-        )
-        if meta.tp_rank != rank or meta.dp_rank != address.dp_rank:
-            raise HandshakeError(
-                f"{address.host}:{port} is tp rank {meta.tp_rank} dp rank {meta.dp_rank}, expected tp rank {rank} "
-                f"dp rank {address.dp_rank} (remote_tp_size / remote_dp_rank in kv_transfer_params?)"
+        try:
+            meta = fetch_metadata(
+                self.codec, self.ctx, host, port, self.engine_key, self.config.handshake_timeout_s
             )
-        peer = self.peer_from_meta(meta)
+            if meta.tp_rank != rank or meta.dp_rank != address.dp_rank:
+                raise HandshakeError(
+                    f"{host}:{port} is tp rank {meta.tp_rank} dp rank {meta.dp_rank}, expected tp rank {rank} "
+                    f"dp rank {address.dp_rank} (remote_tp_size / remote_dp_rank in kv_transfer_params?)"
+                )
+            peer = self.peer_from_meta(meta)
+        except HandshakeError:
+            self.forget(where)  # whatever was cached there is not what answers now
+            raise
         with self.lock:
-            self._peer_by_address[(address.host, port)] = peer
+            peer.seen = time.monotonic()
+            self._peer_by_address[where] = peer
+        if engine_id is not None and meta.engine_id != engine_id:
+            raise HandshakeError(
+                f"{host}:{port} is now engine {meta.engine_id}, but the request's KV is on engine {engine_id} "
+                "(the prefill restarted after it computed the request: its KV is gone)"
+            )
         return peer
 
-    def forget_address(self, address: PeerAddress) -> None:
-        """Drop cached handshakes with ``address`` (a failed peer may come back as a new process)."""
+    def confirm(self, peers: Sequence[Peer]) -> None:
+        """These peers just proved alive (a transfer with them succeeded)."""
+        now = time.monotonic()
         with self.lock:
-            for key in [k for k in self._peer_by_address if k[0] == address.host]:
-                del self._peer_by_address[key]
+            for peer in peers:
+                peer.seen = now
+
+    def forget(self, address: Address, key: Optional[str] = None) -> None:
+        """Drop the cached handshake at ``address`` (only if it is engine ``key``, when given).
+
+        The next request there handshakes again and so finds a restarted server.
+        """
+        with self.lock:
+            peer = self._peer_by_address.get(address)
+            if peer is not None and (key is None or peer.key == key):
+                del self._peer_by_address[address]
 
     def peer_routes(self) -> Dict[str, str]:
         """Which transport the engine uses towards each known peer (first KV region pair), by engine key."""
@@ -320,6 +369,8 @@ class TransferAgent:
         if self._closed:
             return
         self._closed = True
+        if self.watch is not None:
+            self.watch.close()
         if self.control is not None:
             self.control.close()
         if self.heartbeat is not None:

@@ -11,7 +11,8 @@ switching a deployment is one word (``"kv_connector": "MoriSuiteConnector"``):
 ``proxy_ping_port``.
 
 Our additions: ``auth_secret`` (IO engine + control plane; default ``MORI_IO_AUTH_SECRET``),
-``handshake_timeout`` (10 s), ``transfer_threads`` (4), ``tcp_num_connections`` (4),
+``handshake_timeout`` (10 s), ``handshake_ttl`` (5 s: a cached handshake with a peer
+not heard from for longer is redone before it is used again), ``transfer_threads`` (4), ``tcp_num_connections`` (4),
 ``tcp_op_timeout_ms`` (10000), ``xgmi_proxy_blocks`` (0: the XGMI backend's resident copy kernel
 for small transfers, off; see docs/io.md).
 
@@ -62,6 +63,7 @@ class ConnectorConfig:
     defer_timeout_s: float
     recv_abort_timeout_s: float
     handshake_timeout_s: float
+    handshake_ttl_s: float
     transfer_threads: int
     auth_secret: str
     tcp_num_connections: int
@@ -105,6 +107,7 @@ class ConnectorConfig:
             defer_timeout_s=cfg.get_float("defer_timeout", 60.0, 0.1, 86400.0),
             recv_abort_timeout_s=recv_abort,
             handshake_timeout_s=cfg.get_float("handshake_timeout", 10.0, 0.1, 3600.0),
+            handshake_ttl_s=cfg.get_float("handshake_ttl", 5.0, 0.0, 86400.0),
             transfer_threads=cfg.get_int("transfer_threads", 4, 1, 64),
             auth_secret=cfg.get_str("auth_secret", "") or os.environ.get("MORI_IO_AUTH_SECRET", ""),
             tcp_num_connections=cfg.get_int("tcp_num_connections", 4, 1, 64),

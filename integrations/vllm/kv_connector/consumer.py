@@ -1,14 +1,16 @@
 """Consumer (decode) side of a worker: bring a request's prompt KV into its blocks.
 
 Per request a :class:`_Recv` runs on a transfer thread: handshake with the producer's
-ranks (cached), then READ (pull the blocks with one engine batch per producer rank,
-wait, tell every producer rank it may free them) or WRITE (send every producer rank a
-:class:`WriteRequest`; the producer's :class:`WriteDone` messages finish it). Every wait
-is bounded: a READ by ``transfer_timeout``; a WRITE by ``recv_abort_timeout``, after
-which no producer write can still start (their start budget ends earlier) and none can
-still run (each ends within ``transfer_timeout`` of its start), so the blocks may be
-reused. A request that fails is reported to vLLM (``failed_recving``), which then
-recomputes it locally or fails it, per ``kv_load_failure_policy``.
+ranks (cached, see :meth:`TransferAgent.fetch_peer`), then READ (pull the blocks with one
+engine batch per producer rank, wait, tell every producer rank it may free them) or WRITE
+(send every producer rank a :class:`WriteRequest`; the producer's :class:`WriteDone`
+messages finish it). Every wait is bounded: a READ by ``transfer_timeout``; a WRITE by
+``recv_abort_timeout``, after which no producer write can still start (their start budget
+ends earlier) and none can still run (each ends within ``transfer_timeout`` of its start),
+so the blocks may be reused. A WRITE whose producer process is gone (dead, or restarted on
+the same ports: see :mod:`.peer_watch`) ends as soon as that is seen, since a gone process
+writes nothing more. A request that fails is reported to vLLM (``failed_recving``), which
+then recomputes it locally or fails it, per ``kv_load_failure_policy``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -25,6 +28,7 @@ from mori_integrations.common.segments import PlanError, await_statuses
 from mori_integrations.vllm.kv_connector.control import HandshakeError
 from mori_integrations.vllm.kv_connector.messages import ConsumerDone, WriteDone, WriteRequest
 from mori_integrations.vllm.kv_connector.metadata import RecvJob
+from mori_integrations.vllm.kv_connector.peer_watch import PROBE_INTERVAL_S, Address
 from mori_integrations.vllm.kv_connector.tp_mapping import head_pairs
 
 if TYPE_CHECKING:
@@ -54,8 +58,11 @@ class _Recv:
     job: RecvJob
     started: float
     deadline: float
-    producers: Optional[List["Peer"]] = None
+    producers: Optional[List["Peer"]] = None  # index = producer rank
+    addresses: List[Address] = dataclasses.field(default_factory=list)  # their handshake addresses
     requested: bool = False  # WRITE: write requests sent
+    requested_at: float = 0.0
+    abort_sent: bool = False  # WRITE: every producer was told to stop
     write_dones: Dict[int, WriteDone] = dataclasses.field(default_factory=dict)
     aborted: bool = False
     result: Optional[RecvResult] = None
@@ -100,7 +107,7 @@ class ConsumerSide:
                 if recv.job.req_id in req_ids and recv.result is None and not recv.aborted:
                     recv.aborted = True
                     if recv.requested:
-                        self._notify_producers(recv, ok=False, nbytes_by_rank={}, reason="the decode request was aborted")
+                        self._stop_writes(recv, "the decode request was aborted")
 
     def take_results(self) -> List[RecvResult]:
         """Requests whose KV transfer ended (model thread, every step)."""
@@ -122,25 +129,80 @@ class ConsumerSide:
 
     # ------------------------------------------------------ producer events
     def on_write_done(self, note: WriteDone) -> None:
-        """A producer rank ended its writes into us (control thread)."""
+        """A producer rank ended its writes into us, or refused them (control thread)."""
         with self._agent.lock:
             recv = self._recvs.get(note.transfer_id)
-            if recv is None or recv.result is not None:
+            if recv is None or recv.result is not None or recv.producers is None:
                 return
-            recv.write_dones[note.producer_rank] = note
-            if len(recv.write_dones) >= note.producer_tp:
-                failed = [d for d in recv.write_dones.values() if not d.ok]
-                reason = failed[0].reason if failed else ""
-                self._finish(recv, not failed, reason,
-                             nbytes=sum(d.nbytes for d in recv.write_dones.values()),
-                             transfer_ms=max(d.elapsed_us for d in recv.write_dones.values()) / 1000)
+            if note.producer_rank < len(recv.producers):
+                asked = recv.producers[note.producer_rank]
+                if note.producer_key and note.producer_key != asked.key:  # a restarted process refused it
+                    self._agent.forget(recv.addresses[note.producer_rank], asked.key)
+                elif note.ok:
+                    self._agent.confirm([asked])
+            self._record_write_done(recv, note)
+
+    def watched_producers(self) -> Dict[Address, str]:
+        """Producers that owe a WRITE waiting for a probe interval or longer: address -> engine key (watch thread)."""
+        now = time.monotonic()
+        out: Dict[Address, str] = {}
+        with self._agent.lock:
+            for recv in self._recvs.values():
+                if recv.requested and recv.result is None and now - recv.requested_at >= PROBE_INTERVAL_S:
+                    for rank, (address, peer) in enumerate(zip(recv.addresses, recv.producers or [])):
+                        if rank not in recv.write_dones:
+                            out[address] = peer.key
+        return out
+
+    def on_producer_gone(self, address: Address, key: str, reason: str) -> None:
+        """The producer process with engine ``key`` at ``address`` is gone (watch thread).
+
+        Its WRITEs get no more bytes from it: each counts it as failed, tells the producer's
+        other ranks to stop, and ends once all of them answered or are gone too.
+        """
+        self._agent.forget(address, key)
+        with self._agent.lock:
+            for recv in list(self._recvs.values()):
+                if not recv.requested or recv.result is not None or recv.producers is None:
+                    continue
+                for rank, (where, peer) in enumerate(zip(recv.addresses, recv.producers)):
+                    if where != address or peer.key != key or rank in recv.write_dones:
+                        continue
+                    logger.warning("MoriSuiteConnector: request %s: prefill rank %d is gone: %s",
+                                   recv.job.req_id, rank, reason)
+                    self._stop_writes(recv, f"prefill rank {rank} is gone: {reason}")
+                    self._record_write_done(recv, WriteDone(
+                        transfer_id=recv.job.transfer_id, producer_rank=rank, producer_tp=len(recv.producers),
+                        ok=False, nbytes=0, elapsed_us=0, reason=f"prefill process gone: {reason}"[:4000],
+                        producer_key=key))
 
     # ------------------------------------------------------------ internals
-    def _producers(self, job: RecvJob) -> List["Peer"]:
+    def _record_write_done(self, recv: _Recv, note: WriteDone) -> None:
+        """Count one producer rank as ended; finish the request once every rank is (lock held)."""
+        recv.write_dones[note.producer_rank] = note
+        if len(recv.write_dones) >= note.producer_tp:
+            failed = [d for d in recv.write_dones.values() if not d.ok]
+            reason = failed[0].reason if failed else ""
+            self._finish(recv, not failed, reason,
+                         nbytes=sum(d.nbytes for d in recv.write_dones.values()),
+                         transfer_ms=max(d.elapsed_us for d in recv.write_dones.values()) / 1000)
+
+    def _stop_writes(self, recv: _Recv, reason: str) -> None:
+        """WRITE: tell every producer rank to stop writing into this request (once; lock held)."""
+        if not recv.abort_sent:
+            recv.abort_sent = True
+            self._notify_producers(recv, ok=False, nbytes_by_rank={}, reason=reason)
+
+    def _producers(self, job: RecvJob) -> Tuple[List[Address], List["Peer"]]:
+        """Handshake addresses and peers of every producer rank (index = rank)."""
         assert job.peer is not None
-        rank0 = self._agent.fetch_peer(job.peer, 0, job.peer.tp_size_hint)
+        agent, engine_id = self._agent, job.remote_engine_id
+        rank0 = agent.fetch_peer(job.peer, 0, job.peer.tp_size_hint, engine_id)
         tp = rank0.meta.tp_size
-        return [rank0] + [self._agent.fetch_peer(job.peer, r, tp) for r in range(1, tp)]
+        peers = [rank0] + [agent.fetch_peer(job.peer, r, tp, engine_id) for r in range(1, tp)]
+        addresses = [agent.peer_address(job.peer, 0, job.peer.tp_size_hint)]
+        addresses += [agent.peer_address(job.peer, r, tp) for r in range(1, tp)]
+        return addresses, peers
 
     def _block_pairs(self, job: RecvJob) -> List[Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
         """READ: per group (local, remote) block arrays of the positions to move."""
@@ -160,9 +222,9 @@ class ConsumerSide:
     def _run(self, recv: _Recv) -> None:
         job, agent = recv.job, self._agent
         try:
-            producers = self._producers(job)
+            addresses, producers = self._producers(job)
             with agent.lock:
-                recv.producers = producers
+                recv.producers, recv.addresses = producers, addresses
                 if recv.aborted:
                     self._notify_producers(recv, ok=False, nbytes_by_rank={}, reason="the decode request was aborted")
                     self._finish(recv, False, "aborted")
@@ -171,8 +233,7 @@ class ConsumerSide:
                 self._read(recv, producers)
             else:
                 self._request_writes(recv, producers)
-        except HandshakeError as e:
-            agent.forget_address(job.peer)
+        except HandshakeError as e:  # fetch_peer dropped what it had cached there
             with agent.lock:
                 self._finish(recv, False, f"handshake with the prefill failed: {e}")
         except PlanError as e:
@@ -201,6 +262,11 @@ class ConsumerSide:
         if not quiescent:  # reads still land in our blocks: wait for the engine's own timeouts to end them
             await_statuses(agent.engine, statuses, agent.config.tcp_op_timeout_ms / 1000 + 5)
         ms = (time.monotonic() - t0) * 1000
+        if reason is None:
+            agent.confirm(producers)
+        else:  # the peer may have died or restarted: handshake again next time
+            for address, peer in zip(recv.addresses, producers):
+                agent.forget(address, peer.key)
         with agent.lock:
             ok = reason is None
             self._notify_producers(recv, ok=ok, nbytes_by_rank=nbytes_by_rank if ok else {}, reason=reason or "")
@@ -222,14 +288,15 @@ class ConsumerSide:
         with agent.lock:
             if recv.result is not None:
                 return
-            for peer in producers:
-                agent.notifier.send(peer.meta.notify_host, peer.meta.notify_port, request)
-            recv.requested = True
+            for peer in producers:  # each rank's request names the process we handshook with
+                agent.notifier.send(peer.meta.notify_host, peer.meta.notify_port,
+                                    msgspec.structs.replace(request, producer_key=peer.key))
+            recv.requested, recv.requested_at = True, time.monotonic()
 
     def _release(self, job: RecvJob) -> None:
         """Nothing to move (full local prefix hit, or aborted before allocation): free the producer's blocks."""
         try:
-            producers = self._producers(job)
+            _, producers = self._producers(job)
         except HandshakeError as e:
             logger.info("MoriSuiteConnector: could not release %s on the prefill (%s)", job.transfer_id, e)
             return
@@ -240,7 +307,7 @@ class ConsumerSide:
                 peer.meta.notify_port,
                 ConsumerDone(transfer_id=job.transfer_id, consumer_key=self._agent.engine_key,
                              consumer_rank=ident.tp_rank, consumer_tp=ident.tp_size, ok=True, nbytes=0,
-                             reason="the decode needs no KV of this request"),
+                             reason="the decode needs no KV of this request", producer_key=peer.key),
             )
 
     def _notify_producers(self, recv: _Recv, ok: bool, nbytes_by_rank: Dict[int, int], reason: str) -> None:
@@ -251,7 +318,8 @@ class ConsumerSide:
                 peer.meta.notify_port,
                 ConsumerDone(transfer_id=recv.job.transfer_id, consumer_key=self._agent.engine_key,
                              consumer_rank=ident.tp_rank, consumer_tp=ident.tp_size, ok=ok,
-                             nbytes=nbytes_by_rank.get(peer.meta.tp_rank, 0), reason=reason[:4000]),
+                             nbytes=nbytes_by_rank.get(peer.meta.tp_rank, 0), reason=reason[:4000],
+                             producer_key=peer.key),
             )
 
     def _finish(self, recv: _Recv, ok: bool, reason: str, nbytes: int = 0, transfer_ms: float = 0.0) -> None:

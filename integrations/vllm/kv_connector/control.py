@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, Tuple
 
 import zmq
 
 from mori_integrations.common.control_codec import ControlCodec, ControlMessageError
 from mori_integrations.common.log_limit import RateLimitedLog, zmq_peer_address, warn_if_exposed
+from mori_integrations.common.net import refuses_connections
 from mori_integrations.vllm.kv_connector.messages import AgentMetadata, GetMeta
 
 __all__ = ["ControlServer", "HandshakeError", "Notifier", "fetch_metadata"]
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 _POLL_MS = 200  # the listener wakes this often to notice shutdown
 _SEND_HWM = 4096
+_REFUSAL_CHECK_MS = 200  # a handshake unanswered this long checks whether anything listens at all
 
 
 class HandshakeError(RuntimeError):
@@ -165,18 +168,26 @@ class Notifier:
 def fetch_metadata(
     codec: ControlCodec, ctx: zmq.Context, host: str, port: int, requester: str, timeout_s: float
 ) -> AgentMetadata:
-    """Ask the worker listening on ``host:port`` for its metadata (bounded by ``timeout_s``)."""
+    """Ask the worker listening on ``host:port`` for its metadata (bounded by ``timeout_s``).
+
+    Fails at once when nothing listens on ``host:port`` (the connection is refused): ZMQ
+    would retry silently until the timeout, but a dead server's KV is not coming back.
+    """
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, codec.max_frame_bytes)
     try:
         sock.connect(f"tcp://{host}:{port}")
         sock.send_multipart(codec.encode(GetMeta(requester=requester)))
-        if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
-            raise HandshakeError(
-                f"no answer from the KV connector at {host}:{port} within {timeout_s:g} s "
-                "(server down, wrong handshake_port, or a different shared secret?)"
-            )
+        deadline = time.monotonic() + timeout_s
+        if not sock.poll(min(int(timeout_s * 1000), _REFUSAL_CHECK_MS), zmq.POLLIN):
+            if refuses_connections(host, port, max(0.001, deadline - time.monotonic())):
+                raise HandshakeError(f"nothing listens on {host}:{port} (the KV connector's server is down)")
+            if not sock.poll(max(0, int((deadline - time.monotonic()) * 1000)), zmq.POLLIN):
+                raise HandshakeError(
+                    f"no answer from the KV connector at {host}:{port} within {timeout_s:g} s "
+                    "(server down, wrong handshake_port, or a different shared secret?)"
+                )
         message = codec.decode(sock.recv_multipart())
     except ControlMessageError as e:
         raise HandshakeError(f"invalid handshake answer from {host}:{port}: {e}") from None

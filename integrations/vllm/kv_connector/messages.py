@@ -8,6 +8,11 @@ receives the notifications below. Producer = prefill worker, consumer = decode w
 * consumer -> producer :class:`ConsumerDone`  (READ finished, request aborted, or nothing needed:
   the producer may free the request's blocks once every consumer rank said so)
 * producer -> consumer :class:`WriteDone`     (WRITE mode: every write into this consumer ended)
+
+A consumer addresses its notifications to the producer *process* it handshook with
+(``producer_key``, that worker's IO engine key): a server restarted on the same ports is
+another process that never held the request's KV, so it refuses a write request meant for
+its predecessor and ignores a :class:`ConsumerDone` meant for it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ Runs = Annotated[List[Run], msgspec.Meta(min_length=1, max_length=MAX_RUNS)]
 BlockIds = Annotated[List[NonNeg], msgspec.Meta(max_length=MAX_BLOCKS)]
 TransferId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Reason = Annotated[str, msgspec.Meta(max_length=4096)]
+EngineKey = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]  # "" = any (an older peer)
 
 
 class LayerLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -121,6 +127,7 @@ class WriteRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``positions[g]`` is the index (in the request's block list of group ``g``) of
     ``block_ids[g][0]``: blocks before it are the consumer's own prefix-cache hits.
     The producer may start writes until ``budget_ms`` after it received this message.
+    ``producer_key``: the producer engine the consumer handshook with (another one refuses).
     """
 
     transfer_id: TransferId
@@ -128,6 +135,7 @@ class WriteRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     block_ids: Annotated[List[BlockIds], msgspec.Meta(max_length=MAX_GROUPS)]
     positions: Annotated[List[NonNeg], msgspec.Meta(max_length=MAX_GROUPS)]
     budget_ms: Annotated[int, msgspec.Meta(ge=0, le=86_400_000)]
+    producer_key: EngineKey = ""
 
     def validate(self) -> None:
         self.consumer.validate()
@@ -145,6 +153,7 @@ class ConsumerDone(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ok: bool
     nbytes: NonNeg
     reason: Reason = ""
+    producer_key: EngineKey = ""  # the producer engine this is meant for (another one ignores it)
 
 
 class WriteDone(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -157,6 +166,7 @@ class WriteDone(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     nbytes: NonNeg
     elapsed_us: NonNeg  # first write submitted -> last write completed
     reason: Reason = ""
+    producer_key: EngineKey = ""  # the replying producer's engine (differs from the asked one: it restarted)
 
 
 _KINDS = {

@@ -42,6 +42,7 @@ class RecvJob:
     positions: List[int]
     num_prompt_tokens: int
     remote_block_ids: Optional[List[List[int]]] = None  # READ: the producer's block lists
+    remote_engine_id: Optional[str] = None  # vLLM engine id of the producer that holds the KV, when known
     null_block_id: int = 0
     error: str = ""  # mode "invalid": why no transfer can be made (the request is reported failed)
 

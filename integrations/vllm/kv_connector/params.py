@@ -17,7 +17,7 @@ from typing import Any, List, Mapping, Optional
 
 from mori_integrations.vllm.kv_connector.metadata import PeerAddress
 
-__all__ = ["ParamsError", "block_lists", "mode_of", "peer_of", "transfer_id_of"]
+__all__ = ["ParamsError", "block_lists", "engine_id_of", "mode_of", "peer_of", "transfer_id_of"]
 
 _PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 # vLLM turns X-Request-Id "abc" into "cmpl-abc-0-1a2b3c4d" (completions) / "chatcmpl-abc-1a2b3c4d".
@@ -38,6 +38,16 @@ def transfer_id_of(request_id: str, params: Mapping[str, Any]) -> str:
     if not isinstance(tid, str) or not 0 < len(tid) <= _MAX_ID:
         raise ParamsError(f"transfer_id must be a non-empty string of at most {_MAX_ID} characters, got {tid!r}")
     return tid
+
+
+def engine_id_of(params: Mapping[str, Any]) -> Optional[str]:
+    """``remote_engine_id``: the vLLM engine that holds the request's KV (None when not given)."""
+    value = params.get("remote_engine_id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= _MAX_ID:
+        raise ParamsError(f"remote_engine_id must be a non-empty string of at most {_MAX_ID} characters, got {value!r}")
+    return value
 
 
 def mode_of(params: Mapping[str, Any], default: str) -> str:

@@ -156,6 +156,12 @@ class ProducerSide:
     def on_write_request(self, request: WriteRequest) -> None:
         """WRITE mode: a consumer rank says where to write (control thread)."""
         consumer = request.consumer
+        if request.producer_key and request.producer_key != self._agent.engine_key:
+            # Meant for the process that had these ports before us: it held the request, we never will.
+            self._reply(consumer.notify_host, consumer.notify_port, request.transfer_id, False, 0, 0,
+                        f"the write request was for prefill engine {request.producer_key}, this is "
+                        f"{self._agent.engine_key} (the prefill restarted)")
+            return
         try:
             peer = self._agent.peer_from_meta(consumer)
         except (HandshakeError, ValueError, RuntimeError) as e:
@@ -184,6 +190,8 @@ class ProducerSide:
 
     def on_consumer_done(self, note: ConsumerDone) -> None:
         """A consumer rank needs nothing more (READ finished, released, or aborted) (control thread)."""
+        if note.producer_key and note.producer_key != self._agent.engine_key:
+            return  # about our predecessor's copy of the request, not ours
         now = time.monotonic()
         with self._agent.lock:
             if self._closed_reason(note.transfer_id, now) is not None:
@@ -300,6 +308,7 @@ class ProducerSide:
                 nbytes=nbytes,
                 elapsed_us=elapsed_us,
                 reason=reason[:4000],
+                producer_key=self._agent.engine_key,
             ),
         )
 

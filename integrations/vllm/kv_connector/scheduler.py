@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from mori_integrations.vllm.kv_connector.config import ConnectorConfig
 from mori_integrations.vllm.kv_connector.metadata import FinishedSend, RecvJob, SendJob, StepPlan
-from mori_integrations.vllm.kv_connector.params import ParamsError, block_lists, mode_of, peer_of, transfer_id_of
+from mori_integrations.vllm.kv_connector.params import (
+    ParamsError,
+    block_lists,
+    engine_id_of,
+    mode_of,
+    peer_of,
+    transfer_id_of,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -126,6 +133,7 @@ class ConnectorScheduler:
             num_prompt_tokens=request.num_prompt_tokens,
             remote_block_ids=remote,
             null_block_id=self._null_block_id(),
+            remote_engine_id=engine_id_of(params),
         )
 
     # ------------------------------------------------------------ producer

@@ -33,7 +33,7 @@ CONFIG = {
     "head_dim": 64,
     "num_hidden_layers": 2,
     "vocab_size": 512,
-    "max_position_embeddings": 1024,
+    "max_position_embeddings": 2048,
     "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0,
     "hidden_act": "silu",
@@ -105,6 +105,7 @@ class Managed:
 
     def __init__(self, name: str, argv: Sequence[str], log_dir: Path, env: Optional[Dict[str, str]] = None) -> None:
         self.name = name
+        self.argv, self.env, self.log_dir = list(argv), dict(env or {}), log_dir
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
@@ -124,6 +125,13 @@ class Managed:
         if self.alive():
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+
+    def respawn(self, name: str) -> "Managed":
+        """The same command started again (same ports) as ``name``; this one must have ended."""
+        if self.alive():
+            raise RuntimeError(f"{self.name} is still running; kill or stop it before starting it again")
+        self._log.close()
+        return Managed(name, self.argv, self.log_dir, self.env)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the process group, SIGKILL what is left after ``grace_s``."""
@@ -182,7 +190,8 @@ def vllm_argv(model: Path, port: int, kv_config: Optional[Dict[str, Any]], max_m
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
         "--port", str(port), "--skip-tokenizer-init", "--max-model-len", str(max_model_len), "--enforce-eager",
-        "--dtype", "float32", "--block-size", "32", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024",
+        "--dtype", "float32", "--block-size", "32", "--max-num-seqs", "8",
+        "--max-num-batched-tokens", str(max(1024, max_model_len)),
         "--seed", "0", "--served-model-name", "tiny",
     ]
     if kv_config is not None:

