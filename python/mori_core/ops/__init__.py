@@ -17,7 +17,8 @@ from mori_core.ops.config import (
     decode_src_token_pos,
     encode_src_token_pos,
 )
-from mori_core.ops.dispatch_combine import EpDispatchCombineOp, EpOpError, gpu_ops_available
+from mori_core.ops.dispatch_combine import EpDispatchCombineOp, gpu_ops_available
+from mori_core.ops.errors import EpOpError
 from mori_core.ops.reference import ReferenceEpDispatchCombineOp
 
 __all__ = [
