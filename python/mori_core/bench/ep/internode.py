@@ -1,13 +1,15 @@
 """Benchmark of the inter-node kernel types (``python -m mori_core.bench ep --kernel-type ...``).
 
-One process per GPU, ranks grouped into nodes of ``--gpu-per-node``. Each kernel type is
+One process per rank (placed by :mod:`mori_core.placement`), ranks grouped into nodes of
+``--gpu-per-node``. Each kernel type is
 timed per op: as CUDA-graph replays of ``--ops-per-graph`` back-to-back launches, and eagerly
 with a CUDA event pair around back-to-back calls (medians). The host time per eager call is
 measured too. Bytes follow MORI's convention: received tokens (own included) x hidden x
 element size. The network share is split out as MORI does: network GB/s = total GB/s x
 (network rows / rows received), where network rows are the rows that physically cross the
 network (one per token and other node it hits: node-deduplicated). NCCL ``all_to_all_single`` of the same rows
-is timed in the same run as a baseline.
+is timed in the same run as a baseline (one rank per GPU only; with ranks sharing a GPU the
+table shows host time only).
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ import os
 import traceback
 from typing import Any
 
-from mori_core.bench.ep import DTYPES, _measure, _merge, _nccl_baseline, _routing, spawn_ranks
+from mori_core.bench.ep.measure import (
+    DTYPES,
+    measure,
+    merge_ranks,
+    nccl_baseline,
+    routing,
+    spawn_ranks,
+    start_rank,
+    timing_columns_note,
+)
+from mori_core.placement import Placement
 
 
 def _network_rows(idx: Any, cfg: Any, gpn: int) -> int:
@@ -34,21 +46,15 @@ def _network_rows(idx: Any, cfg: Any, gpn: int) -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    """One rank: time every kernel type at every token count; puts ``(rank, rows, error)`` on ``results``."""
     import torch
     import torch.distributed as dist
 
     try:
-        torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank)
-        dist.init_process_group(
-            "cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev
-        )
-        torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+        dev = start_rank(rank, world, port)
         import mori_core.shmem as shmem
         from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType, EpDispatchCombineOp
 
-        shmem.shmem_torch_process_group_init("default")
         tokens = [int(t) for t in args.tokens.split(",")]
         dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
         kinds = [k.strip() for k in args.kernel_type.split(",") if k.strip()]
@@ -72,7 +78,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
             op = EpDispatchCombineOp(cfg)
             gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
             for n in tokens:
-                idx = _routing(n, args.experts, args.topk, gen, dev)
+                idx = routing(n, args.experts, args.topk, gen, dev)
                 x_bf16 = torch.randn(n, args.hidden, generator=gen).to(torch.bfloat16).to(dev)
                 w = torch.rand(n, args.topk, generator=gen).to(dev)
                 for dname in dtypes:
@@ -84,7 +90,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
                     net_rows = _network_rows(idx, cfg, gpn if kind != "IntraNode" else world)
                     fn = lambda: op.dispatch(x, w, scales, idx, block_num=args.dispatch_block_num,
                                              warp_per_block=args.dispatch_warp_per_block)
-                    rows.append(_measure(fn, args, sync, kernel=f"{kind} dispatch", dtype=dname, tokens=n,
+                    rows.append(measure(fn, args, sync, kernel=f"{kind} dispatch", dtype=dname, tokens=n,
                                          recv=recv, net_rows=net_rows, bytes=recv * args.hidden * x.element_size()))
                 # combine (bf16, zero-copy), after a bf16 dispatch so the routing matches
                 out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
@@ -94,11 +100,11 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
                 reg = op.get_registered_combine_input_buffer(torch.bfloat16)
                 fn = lambda: op.combine(reg, out_w, idx, block_num=args.combine_block_num,
                                         warp_per_block=args.combine_warp_per_block, use_external_inp_buf=0)
-                rows.append(_measure(fn, args, sync, kernel=f"{kind} combine", dtype="bf16", tokens=n, recv=recv,
+                rows.append(measure(fn, args, sync, kernel=f"{kind} combine", dtype="bf16", tokens=n, recv=recv,
                                      net_rows=net_rows, bytes=recv * args.hidden * 2))
                 op.check_error()
                 if not args.no_nccl and kind == kinds[-1]:
-                    for r in _nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev):
+                    for r in nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev):
                         rows.append({**r, "net_rows": 0})
             sync()
             op.close()
@@ -111,7 +117,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, resul
             dist.destroy_process_group()
 
 
-def run_internode(args: argparse.Namespace) -> int:
+def run_internode(args: argparse.Namespace, world: int, where: Placement) -> int:
     """Spawn the ranks, gather per-rank rows and print one table (MORI's byte convention)."""
     import json
 
@@ -119,14 +125,10 @@ def run_internode(args: argparse.Namespace) -> int:
 
     from mori_core.bench.table import print_table
 
-    world = args.world_size or torch.cuda.device_count()
-    if world < 1:
-        print("ep benchmark: no GPU visible")
-        return 2
     per_rank = spawn_ranks(_rank_main, world, args)
     if per_rank is None:
         return 1
-    merged = _merge(per_rank)
+    merged = merge_ranks(per_rank)
     gpn = args.gpu_per_node or world
     title = (f"EP{world} ({world // gpn} node(s) x {gpn} GPU) on {torch.cuda.get_device_name(0)}: hidden "
              f"{args.hidden}, top-{args.topk} of {args.experts}, uniform routing; network transport: "
@@ -134,18 +136,26 @@ def run_internode(args: argparse.Namespace) -> int:
              f"{' (P2P off)' if os.environ.get('NVSHMEM_DISABLE_P2P') == '1' else ''}")
     headers = ["kernel", "dtype", "tokens", "recv/rank", "net rows", "eager us (median)", "host us/call", "graph us",
                "total GB/s", "NVLink GB/s", "network GB/s"]
+    if where.shared:  # latency and bandwidth mean nothing when ranks share a GPU
+        title += f"; {where.describe()}"
+        headers = headers[:5] + ["host us/call"]
     table = []
     for m in merged:
         frac = m["net_rows"] / m["recv"] if m.get("recv") else 0.0
         graph = m["graph_us"] if m["graph_us"] is not None else "-"
-        table.append([m["kernel"], m["dtype"], m["tokens"], round(m["recv"]), round(m.get("net_rows", 0)),
-                      m["eager_us"], m["host_us"], graph, m["gbps"], m["gbps"] * (1 - frac), m["gbps"] * frac])
+        row = [m["kernel"], m["dtype"], m["tokens"], round(m["recv"]), round(m.get("net_rows", 0))]
+        if where.shared:
+            table.append(row + [m["host_us"]])
+        else:
+            table.append(row + [m["eager_us"], m["host_us"], graph, m["gbps"], m["gbps"] * (1 - frac), m["gbps"] * frac])
     print_table(title, headers, table,
-                note="GB/s from the graph time (eager for NCCL) = received rows (incl. own) x hidden x element size / "
-                     "time, mean over ranks; "
-                     "network GB/s = total x network rows / rows received (MORI's RDMA BW; network rows are "
-                     "node-deduplicated, i.e. what crosses the NIC)")
+                note=timing_columns_note(where) or (
+                    "GB/s from the graph time (eager for NCCL) = received rows (incl. own) x hidden x element size / "
+                    "time, mean over ranks; "
+                    "network GB/s = total x network rows / rows received (MORI's RDMA BW; network rows are "
+                    "node-deduplicated, i.e. what crosses the NIC)"))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"world": world, "gpu_per_node": gpn, "args": vars(args), "rows": merged}, f, indent=1)
+            json.dump({"world": world, "gpu_per_node": gpn, "gpus": where.num_gpus, "ranks_per_gpu": where.ranks_per_gpu,
+                       "args": vars(args), "rows": merged}, f, indent=1)
     return 0
