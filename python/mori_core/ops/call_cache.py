@@ -37,13 +37,6 @@ def current_stream_handle(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def tensor_matches(t: torch.Tensor, dtype: torch.dtype, shape: tuple, device_index: int) -> bool:
-    """True when ``t`` has exactly this dtype and shape, is contiguous and lives on the device.
-
-    Only a fast accept: a False sends the call through the full validators, which say why."""
-    return t.dtype is dtype and t.shape == shape and t.is_contiguous() and t.get_device() == device_index
-
-
 @dataclass(frozen=True)
 class RowBuffer:
     """One output buffer seen as ``[rows, hidden]`` of one dtype (built once, reused)."""

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from mori_core.ops.call_cache import RowBuffer, tensor_matches, typed_view
+from mori_core.ops.call_cache import RowBuffer, typed_view
 from mori_core.ops.config import (
     INTERNODE_KERNEL_TYPES,
     EpDispatchCombineConfig,
@@ -59,6 +59,7 @@ __all__ = [
 # get one no tensor reports (CPU tensors report -1), so every call takes the full validators.
 _NO_FAST_ACCEPT = -2
 _PlanKey = tuple[str, int, int, int, int]
+_I32, _F32 = torch.int32, torch.float32  # module constants: the fast accept compares dtypes by identity
 
 
 def _open_device_engine(config: EpDispatchCombineConfig, internode: bool) -> EpEngine:
@@ -100,7 +101,8 @@ class EpDispatchCombineOp:
         self._handle = engine.handle
         self.launch_config_mode = engine.launch_config_mode
         self._arg_device = engine.arg_device
-        self._dev_index = engine.device.index if engine.fast_accept else _NO_FAST_ACCEPT
+        self._fast_dev_index = engine.device.index if engine.fast_accept else _NO_FAST_ACCEPT
+        self._dev_index = self._fast_dev_index  # what the fast accept compares (off: _NO_FAST_ACCEPT)
         self._row_align = engine.row_align
         self._combine_dtypes = engine.combine_dtypes
         self._split = engine.split_phases
@@ -134,10 +136,11 @@ class EpDispatchCombineOp:
         self._combine_rows: dict[tuple[torch.dtype, int], RowBuffer] = {}
         self._scale_views: dict[torch.dtype, torch.Tensor] = {}
         self._registered_views: dict[tuple[torch.dtype, int], torch.Tensor] = {}
-        # Call state.
+        # Call state. _dispatch_tokens is the token count of the last completed dispatch, and None
+        # while a split send (AsyncLL) awaits its recv: combine's hot path then needs one check.
         self._dispatch_tokens: Optional[int] = None
-        self._pending_dispatch: Optional[LaunchParams] = None  # split send awaiting its recv (AsyncLL)
-        self._pending_combine: Optional[LaunchParams] = None
+        self._pending_dispatch: Optional[tuple[LaunchParams, int]] = None  # (plan, tokens) of a split send
+        self._pending_combine: Optional[tuple[LaunchParams, int]] = None
         self._count_after_recv = False
         self._cached_dispatch_launch: Optional[LaunchParams] = None
         self._cached_combine_launch: Optional[LaunchParams] = None
@@ -208,17 +211,9 @@ class EpDispatchCombineOp:
             raise EpOpError(msg)
 
     # ------------------------------------------------------------------ dispatch
-    def dispatch(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        block_num: int = -1,
-        rdma_block_num: int = -1,
-        warp_per_block: int = -1,
-        call_local_expert_count: bool = False,
-    ) -> DispatchOutputs:
+    def dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                 indices: torch.Tensor, block_num: int = -1, rdma_block_num: int = -1, warp_per_block: int = -1,
+                 call_local_expert_count: bool = False) -> DispatchOutputs:
         """Send every token once to each unique rank among its top-k experts.
 
         Args:
@@ -254,8 +249,19 @@ class EpDispatchCombineOp:
                 and n <= self._max_tok
                 and input.is_contiguous()
                 and input.get_device() == dev
-                and tensor_matches(indices, torch.int32, (n, topk), dev)
-                and (weights is None or tensor_matches(weights, torch.float32, (n, topk), dev))
+                and indices.dtype is _I32  # tensor_matches, inlined (a Python call per check is measurable)
+                and indices.shape == (n, topk)
+                and indices.is_contiguous()
+                and indices.get_device() == dev
+                and (
+                    weights is None
+                    or (
+                        weights.dtype is _F32
+                        and weights.shape == (n, topk)
+                        and weights.is_contiguous()
+                        and weights.get_device() == dev
+                    )
+                )
                 and (
                     scales is None
                     if scale_dim == 0
@@ -270,11 +276,11 @@ class EpDispatchCombineOp:
             )
         except (AttributeError, TypeError, ValueError):
             ok = False
-        if not ok:
+        if not ok:  # (also while a split send is pending: it turns the fast accept off)
             rows = self._validate_dispatch(input, weights, scales, indices)
             n = int(input.shape[0])
-        if self._pending_dispatch is not None:
-            raise RuntimeError("dispatch_send() was called twice without dispatch_recv()")
+            if self._pending_dispatch is not None:
+                raise RuntimeError("dispatch_send() was called twice without dispatch_recv()")
         p = self._plans.get(("dispatch", n, block_num, rdma_block_num, warp_per_block))
         if p is None:
             p = self._plan("dispatch", n, block_num, rdma_block_num, warp_per_block)
@@ -292,13 +298,8 @@ class EpDispatchCombineOp:
             self._count_local_experts(res[3], res[4])
         return res
 
-    def _validate_dispatch(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-    ) -> RowBuffer:
+    def _validate_dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                           indices: torch.Tensor) -> RowBuffer:
         """Full dispatch validation (raises with the argument and the limit); on success returns
         the output view for the input's (dtype, hidden), built on first use."""
         args = check_dispatch_args(
@@ -337,16 +338,9 @@ class EpDispatchCombineOp:
         self.local_expert_count.zero_()
         self.local_expert_count.scatter_add_(0, slot.flatten(), local.flatten().to(torch.int32))
 
-    def dispatch_send(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        block_num: int = -1,
-        warp_per_block: int = -1,
-        call_local_expert_count: bool = False,
-    ) -> DispatchOutputs:
+    def dispatch_send(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                      indices: torch.Tensor, block_num: int = -1, warp_per_block: int = -1,
+                      call_local_expert_count: bool = False) -> DispatchOutputs:
         """AsyncLL: launch the send half and return the output views (valid after
         :meth:`dispatch_recv`). Every other engine completes the exchange here (:meth:`dispatch`)."""
         if not self._split:
@@ -360,7 +354,8 @@ class EpDispatchCombineOp:
         has_scales = scales is not None and self._scale_dim > 0
         p = self._cached_dispatch_launch = self._plan("dispatch", n, block_num, -1, warp_per_block)
         self._launch_dispatch(input, weights, scales if has_scales else None, indices, n, rows.row_bytes, p, False)
-        self._pending_dispatch, self._count_after_recv, self._dispatch_tokens = p, call_local_expert_count, n
+        self._pending_dispatch, self._count_after_recv, self._dispatch_tokens = (p, n), call_local_expert_count, None
+        self._dev_index = _NO_FAST_ACCEPT  # dispatch() must take the full path, which refuses a second send
         return (rows.view, self._out_weights, self._scale_view(scales.dtype) if has_scales else None,
                 self._out_indices, self._total_recv)
 
@@ -369,29 +364,22 @@ class EpDispatchCombineOp:
     ) -> None:
         """AsyncLL: wait for the other nodes' rows, forward them inside the node and publish
         ``total_recv``. Every other engine has nothing left to do. Returns None."""
-        p = self._pending_dispatch
-        if p is None:
+        pending = self._pending_dispatch
+        if pending is None:
             if self._split or self._dispatch_tokens is None:
                 raise RuntimeError("dispatch_recv() needs a preceding dispatch_send()")
             return None
-        self._finish_dispatch(p)
-        self._pending_dispatch = None
+        self._finish_dispatch(pending[0])
+        self._pending_dispatch, self._dispatch_tokens = None, pending[1]
+        self._dev_index = self._fast_dev_index
         if call_local_expert_count or self._count_after_recv:
             self._count_local_experts(self._out_indices, self._total_recv)
         return None
 
     # ------------------------------------------------------------------ combine
-    def combine(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        block_num: int = -1,
-        rdma_block_num: int = -1,
-        warp_per_block: int = -1,
-        use_external_inp_buf: int = -1,
-        call_reset: bool = False,
-    ) -> CombineOutputs:
+    def combine(self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor,
+                block_num: int = -1, rdma_block_num: int = -1, warp_per_block: int = -1,
+                use_external_inp_buf: int = -1, call_reset: bool = False) -> CombineOutputs:
         """Return expert outputs to their source ranks and sum them per original token (fp32).
 
         Args:
@@ -403,7 +391,7 @@ class EpDispatchCombineOp:
             indices: this rank's own ``[num_tokens, topk]`` int32 routing given to dispatch.
             use_external_inp_buf: -1 = config, 1 = push (copy ``input`` rows to the sources),
                 0 = pull (sources read the registered buffer; zero-copy).
-            call_reset: calls :meth:`reset` afterwards (a no-op kept for MORI).
+            call_reset: accepted for MORI; :meth:`reset` is a no-op (the kernels reset their counters).
 
         Returns:
             ``(out[max_num_inp_token_per_rank, hidden], out_weights[.., topk] f32 or None)``;
@@ -413,7 +401,7 @@ class EpDispatchCombineOp:
         if block_num != -1 or rdma_block_num != -1 or warp_per_block != -1:
             check_launch_overrides(block_num, rdma_block_num, warp_per_block)
         n = self._dispatch_tokens
-        if n is None or self._pending_dispatch is not None or self._pending_combine is not None:
+        if n is None:
             self._refuse_combine()
         push = self._push_default if use_external_inp_buf == -1 else resolve_combine_mode(self.config, use_external_inp_buf)
         topk, dev = self._topk, self._dev_index
@@ -425,11 +413,14 @@ class EpDispatchCombineOp:
                 rows is not None
                 and input.is_contiguous()
                 and input.get_device() == dev
-                and tensor_matches(indices, torch.int32, (n, topk), dev)
+                and indices.dtype is _I32
+                and indices.shape == (n, topk)
+                and indices.is_contiguous()
+                and indices.get_device() == dev
                 and (
                     not has_weights
                     or (
-                        weights.dtype is torch.float32
+                        weights.dtype is _F32
                         and weights.dim() == 2
                         and weights.shape[1] == topk
                         and weights.is_contiguous()
@@ -453,17 +444,15 @@ class EpDispatchCombineOp:
             raise EpOpError(str(e)) from None
         if res is None:  # the engine wrote into its buffers: the views built once
             res = (rows.view, self._combine_out_weights if has_weights else None)
-        if call_reset:
-            self.reset()
-        return res
+        return res  # call_reset: reset() is a no-op (the kernels reset their counters themselves)
 
     def _refuse_combine(self) -> None:
         """Raise the RuntimeError that says why no combine can start now."""
-        if self._dispatch_tokens is None:
-            raise RuntimeError("combine() needs a preceding dispatch()")
         if self._pending_dispatch is not None:
             raise RuntimeError("combine() needs a preceding, completed dispatch() (call dispatch_recv() first)")
-        raise RuntimeError("combine_send() was called twice without combine_recv()")
+        if self._pending_combine is not None:
+            raise RuntimeError("combine_send() was called twice without combine_recv()")
+        raise RuntimeError("combine() needs a preceding dispatch()")
 
     def _validate_combine(
         self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor, num_tokens: int
@@ -492,40 +481,34 @@ class EpDispatchCombineOp:
             rows = self._combine_rows[key] = RowBuffer(view, hidden * itemsize, COMBINE_DTYPE_CODES.get(dtype, -1))
         return rows
 
-    def combine_send(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        block_num: int = -1,
-        warp_per_block: int = -1,
-    ) -> CombineOutputs:
+    def combine_send(self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor,
+                     block_num: int = -1, warp_per_block: int = -1) -> CombineOutputs:
         """AsyncLL: reduce inside the node and send the partial rows; returns the output views
         (valid after :meth:`combine_recv`). Every other engine: :meth:`combine` with the config's mode."""
         if not self._split:
             return self.combine(input, weights, indices, block_num=block_num, warp_per_block=warp_per_block)
         check_launch_overrides(block_num, -1, warp_per_block)
         n = self._dispatch_tokens
-        if n is None or self._pending_dispatch is not None or self._pending_combine is not None:
+        if n is None:
             self._refuse_combine()
         rows, has_weights = self._validate_combine(input, weights, indices, n)
         kernel = "combine_push" if self._push_default else "combine_pull"
         p = self._cached_combine_launch = self._plan(kernel, n, block_num, -1, warp_per_block)
         self._launch_combine(input, weights if has_weights else None, indices, n, rows, int(input.shape[0]),
                              self._push_default, p, False)
-        self._pending_combine = p
+        self._pending_combine, self._dispatch_tokens = (p, n), None
         return rows.view, (self._combine_out_weights if has_weights else None)
 
     def combine_recv(self, block_num: int = -1, warp_per_block: int = -1) -> None:
         """AsyncLL: wait for the other nodes' partial rows and write the sums. Every other engine
         has nothing left to do. Returns None."""
-        p = self._pending_combine
-        if p is None:
+        pending = self._pending_combine
+        if pending is None:
             if self._split:
                 raise RuntimeError("combine_recv() needs a preceding combine_send()")
             return None
-        self._finish_combine(p)
-        self._pending_combine = None
+        self._finish_combine(pending[0])
+        self._pending_combine, self._dispatch_tokens = None, pending[1]
         return None
 
     # ------------------------------------------------------------------ misc
@@ -575,16 +558,9 @@ class EpDispatchCombineOp:
         check_launch_overrides(block_num, rdma_block_num, warp_per_block)
         return std
 
-    def dispatch_standard_moe(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        block_num: int = -1,
-        rdma_block_num: int = -1,
-        warp_per_block: int = -1,
-    ) -> StdOutputs:
+    def dispatch_standard_moe(self, input: torch.Tensor, weights: Optional[torch.Tensor],
+                              scales: Optional[torch.Tensor], indices: torch.Tensor, block_num: int = -1,
+                              rdma_block_num: int = -1, warp_per_block: int = -1) -> StdOutputs:
         """Dispatch straight into the 3-D standard-MoE layout (arguments as :meth:`dispatch`).
 
         Returns ``(packed_recv_x [E, T, hidden], packed_recv_count [E] int32,
@@ -607,13 +583,8 @@ class EpDispatchCombineOp:
                                                   self._std_plan)
         return res
 
-    def convert_dispatch_output(
-        self,
-        dispatch_out_x: torch.Tensor,
-        dispatch_out_topk_idx: torch.Tensor,
-        block_num: int = -1,
-        warp_per_block: int = -1,
-    ) -> StdOutputs:
+    def convert_dispatch_output(self, dispatch_out_x: torch.Tensor, dispatch_out_topk_idx: torch.Tensor,
+                                block_num: int = -1, warp_per_block: int = -1) -> StdOutputs:
         """Lay this rank's 2-D dispatch output out as the 3-D layout (same returns as
         :meth:`dispatch_standard_moe`).
 
@@ -638,14 +609,9 @@ class EpDispatchCombineOp:
         """
         return self._standard_moe_part().packed_recv_scales(dtype)
 
-    def convert_combine_input(
-        self,
-        packed_recv_x: torch.Tensor,
-        packed_recv_src_info: Optional[torch.Tensor] = None,
-        packed_recv_layout_range: Optional[torch.Tensor] = None,
-        block_num: int = -1,
-        warp_per_block: int = -1,
-    ) -> torch.Tensor:
+    def convert_combine_input(self, packed_recv_x: torch.Tensor, packed_recv_src_info: Optional[torch.Tensor] = None,
+                              packed_recv_layout_range: Optional[torch.Tensor] = None, block_num: int = -1,
+                              warp_per_block: int = -1) -> torch.Tensor:
         """Sum each received token's rows of ``packed_recv_x`` ``[E, T, hidden]`` (bf16/fp32),
         weighted by its gating weights, into the registered combine input.
 
@@ -661,16 +627,9 @@ class EpDispatchCombineOp:
                                              self._std_plan)
         return self.get_registered_combine_input_buffer(dtype, h)
 
-    def combine_standard_moe(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        block_num: int = -1,
-        rdma_block_num: int = -1,
-        warp_per_block: int = -1,
-        call_reset: bool = False,
-    ) -> tuple[torch.Tensor, None]:
+    def combine_standard_moe(self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor,
+                             block_num: int = -1, rdma_block_num: int = -1, warp_per_block: int = -1,
+                             call_reset: bool = False) -> tuple[torch.Tensor, None]:
         """Combine expert outputs given in the 3-D layout ``input`` ``[E, T, hidden]`` (bf16/fp32).
 
         Each received token's expert rows are weighted by its gating weights (those given to

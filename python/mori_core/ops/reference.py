@@ -20,32 +20,18 @@ __all__ = ["ReferenceEpDispatchCombineOp", "dest_rank_mask"]
 
 
 class ReferenceEpDispatchCombineOp(EpDispatchCombineOp):
-    """Plain-torch EP dispatch/combine: the op with the reference engine.
+    """Plain-torch EP dispatch/combine: the op with the reference engine. ``config``'s
+    rank/world size must match ``group`` (None: the default group, or none when
+    ``world_size == 1``); ``device`` is where outputs live (default: the current CUDA device for
+    NCCL groups, else CPU)."""
 
-    Args:
-        config: the operator config (``rank``/``world_size`` must match ``group``).
-        group: process group to communicate over; None = the default group (or none at all
-            when ``world_size == 1``).
-        device: where outputs live; default = the current CUDA device for NCCL groups, else CPU.
-    """
-
-    def __new__(
-        cls,
-        config: EpDispatchCombineConfig,
-        group: Optional[dist.ProcessGroup] = None,
-        *,
-        device: Optional[torch.device] = None,
-    ) -> "ReferenceEpDispatchCombineOp":
+    def __new__(cls, config: EpDispatchCombineConfig, group: Optional[dist.ProcessGroup] = None, *,
+                device: Optional[torch.device] = None) -> "ReferenceEpDispatchCombineOp":
         """Always this class, whatever the kernel type (the reference serves every type)."""
         return object.__new__(cls)
 
-    def __init__(
-        self,
-        config: EpDispatchCombineConfig,
-        group: Optional[dist.ProcessGroup] = None,
-        *,
-        device: Optional[torch.device] = None,
-    ) -> None:
+    def __init__(self, config: EpDispatchCombineConfig, group: Optional[dist.ProcessGroup] = None, *,
+                 device: Optional[torch.device] = None) -> None:
         config.validate()
         self.group = group
         self._bind(config, ReferenceEngine(config, group, device=device))

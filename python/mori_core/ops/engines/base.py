@@ -71,35 +71,18 @@ class EpEngine(abc.ABC):
         when out of range. The answer must depend only on the arguments (the op caches it)."""
 
     @abc.abstractmethod
-    def launch_dispatch(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        num_tokens: int,
-        row_bytes: int,
-        plan: LaunchParams,
-        finish: bool,
-    ) -> Optional[DispatchOutputs]:
+    def launch_dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                        indices: torch.Tensor, num_tokens: int, row_bytes: int, plan: LaunchParams, finish: bool
+                        ) -> Optional[DispatchOutputs]:
         """Start a dispatch of validated tensors (``scales`` None when none travel)."""
 
     def finish_dispatch(self, plan: LaunchParams) -> None:
         """Complete a dispatch launched with ``finish=False`` (split-phase engines only)."""
 
     @abc.abstractmethod
-    def launch_combine(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        num_tokens: int,
-        rows: RowBuffer,
-        input_rows: int,
-        push: bool,
-        plan: LaunchParams,
-        finish: bool,
-    ) -> Optional[CombineOutputs]:
+    def launch_combine(self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor,
+                       num_tokens: int, rows: RowBuffer, input_rows: int, push: bool, plan: LaunchParams, finish: bool
+                       ) -> Optional[CombineOutputs]:
         """Start a combine of validated tensors (``weights`` None when none are combined)."""
 
     def finish_combine(self, plan: LaunchParams) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import torch
 
+from mori_core.ops.config import EpDispatchCombineConfig
 from mori_core.ops.engines.base import EpEngine
 
 TIMEOUT_ENV = "MORI_EP_TIMEOUT_MS"
@@ -36,6 +37,24 @@ def require_gpu_ops() -> None:
     ok, why = gpu_ops_available()
     if not ok:
         raise RuntimeError(f"EpDispatchCombineOp needs the GPU build: {why}")
+
+
+def handle_fields(config: EpDispatchCombineConfig) -> dict[str, int]:
+    """The native handles' config fields (``EpOpConfig`` in ops/ep_handle_base.hpp) of ``config``,
+    with the kernel timeout from the environment."""
+    return dict(
+        rank=config.rank,
+        world_size=config.world_size,
+        hidden_dim=config.hidden_dim,
+        scale_dim=config.scale_dim,
+        scale_type_size=config.scale_type_size if config.scale_dim > 0 else 0,
+        max_token_type_size=config.max_token_type_size,
+        max_num_inp_token_per_rank=config.max_num_inp_token_per_rank,
+        num_experts_per_rank=config.num_experts_per_rank,
+        num_experts_per_token=config.num_experts_per_token,
+        max_num_tokens_to_recv=config.max_num_tokens_to_recv(),
+        timeout_ms=timeout_ms_from_env(),
+    )
 
 
 def timeout_ms_from_env() -> int:
@@ -76,6 +95,15 @@ class HandleEngine(EpEngine):
     fast_accept = True
     _handle: Any = None
     _views: dict[str, Optional[torch.Tensor]] = {}
+
+    def _place(self, config: EpDispatchCombineConfig) -> None:
+        """Start of both constructors: shmem must be initialised with this rank and world size,
+        and the engine lives on shmem's device."""
+        from mori_core import shmem
+
+        shmem.require_initialized(config.rank, config.world_size)
+        self.config = config
+        self.device = self.arg_device = torch.device("cuda", shmem.shmem_device())
 
     def buffer_views(self) -> dict[str, Optional[torch.Tensor]]:
         return self._views

@@ -50,7 +50,7 @@ from mori_core.ops.config import (
     normalize_kernel_type,
     normalize_quant_type,
 )
-from mori_core.ops.engines.gpu_common import HandleEngine, byte_views, require_gpu_ops, timeout_ms_from_env
+from mori_core.ops.engines.gpu_common import HandleEngine, byte_views, handle_fields, require_gpu_ops
 from mori_core.ops.errors import EpOpError
 from mori_core.ops.launch_config import LaunchParams, checked_grid, launch_mode, resolve_internode
 # NVSHMEM's symmetric heap when the user sets none: what the op needs, twice, at least 1 GiB.
@@ -138,23 +138,6 @@ def _finalize_network() -> None:
     _NET_STATE.clear()
 
 
-def _handle_config(config: EpDispatchCombineConfig, timeout_ms: int) -> dict[str, int]:
-    return dict(
-        rank=config.rank,
-        world_size=config.world_size,
-        gpu_per_node=config.gpu_per_node,
-        hidden_dim=config.hidden_dim,
-        scale_dim=config.scale_dim,
-        scale_type_size=config.scale_type_size if config.scale_dim > 0 else 0,
-        max_token_type_size=config.max_token_type_size,
-        max_num_inp_token_per_rank=config.max_num_inp_token_per_rank,
-        num_experts_per_rank=config.num_experts_per_rank,
-        num_experts_per_token=config.num_experts_per_token,
-        max_num_tokens_to_recv=config.max_num_tokens_to_recv(),
-        timeout_ms=timeout_ms,
-    )
-
-
 def network_bytes(config: EpDispatchCombineConfig) -> int:
     """NVSHMEM heap bytes one op needs (0 when the group is one node)."""
     nodes = config.world_size // config.gpu_per_node
@@ -191,16 +174,13 @@ class InterNodeEngine(HandleEngine):
         mod = load_internode()
         from mori_core import shmem
 
-        shmem.require_initialized(config.rank, config.world_size)
-        self.config = config
+        self._place(config)
         self.kernel_type = kt
         self.split_phases = kt == EpDispatchCombineKernelType.AsyncLL
-        self.device = self.arg_device = torch.device("cuda", shmem.shmem_device())
-        timeout_ms = timeout_ms_from_env()
+        hcfg = dict(handle_fields(config), gpu_per_node=config.gpu_per_node)
         nodes = config.world_size // config.gpu_per_node
         if nodes > 1:
             ensure_network(config, network_bytes(config))
-        hcfg = _handle_config(config, timeout_ms)
         self._ipc_bytes = int(mod.ipc_bytes(hcfg))
         self._ipc = shmem.shmem_malloc_align(4096, self._ipc_bytes)
         node0 = (config.rank // config.gpu_per_node) * config.gpu_per_node
@@ -255,32 +235,16 @@ class InterNodeEngine(HandleEngine):
         if msg:
             raise EpOpError(msg)
 
-    def launch_dispatch(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        num_tokens: int,
-        row_bytes: int,
-        plan: InterNodeLaunch,
-        finish: bool,
-    ) -> None:
+    def launch_dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                        indices: torch.Tensor, num_tokens: int, row_bytes: int, plan: InterNodeLaunch, finish: bool
+                        ) -> None:
         """Send every token through the network once per destination node, then over NVLink
         inside the node; without ``finish`` only the send half (AsyncLL's dispatch_send)."""
         self._raise_if_failed()
-        self._handle.dispatch_send(
-            input.data_ptr(),
-            row_bytes,
-            num_tokens,
-            0 if weights is None else weights.data_ptr(),
-            0 if scales is None else scales.data_ptr(),
-            indices.data_ptr(),
-            plan.block_num,
-            plan.warp_per_block,
-            plan.rdma_block_num,
-            self._stream_of(self._dev),
-        )
+        self._handle.dispatch_send(input.data_ptr(), row_bytes, num_tokens,
+                                   0 if weights is None else weights.data_ptr(),
+                                   0 if scales is None else scales.data_ptr(), indices.data_ptr(), plan.block_num,
+                                   plan.warp_per_block, plan.rdma_block_num, self._stream_of(self._dev))
         if finish:
             self.finish_dispatch(plan)
 
@@ -288,36 +252,17 @@ class InterNodeEngine(HandleEngine):
         """Wait for the other nodes' rows, forward them inside the node, publish ``total_recv``."""
         self._handle.dispatch_recv(plan.block_num, plan.warp_per_block, self._stream_of(self._dev))
 
-    def launch_combine(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        num_tokens: int,
-        rows: RowBuffer,
-        input_rows: int,
-        push: bool,
-        plan: InterNodeLaunch,
-        finish: bool,
-    ) -> None:
+    def launch_combine(self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor,
+                       num_tokens: int, rows: RowBuffer, input_rows: int, push: bool, plan: InterNodeLaunch,
+                       finish: bool) -> None:
         """Sum the rows inside each node first (fp32, rounded once to the combine dtype), then
         across nodes in fp32 in ascending node order (push copies ``input`` into the registered
         buffer first; pull reads it in place); without ``finish`` only the send half."""
         self._raise_if_failed()
-        self._handle.combine_send(
-            input.data_ptr(),
-            rows.dtype_code,
-            rows.view.shape[1],
-            input_rows,
-            0 if weights is None else weights.data_ptr(),
-            0 if weights is None else int(weights.shape[0]),
-            indices.data_ptr(),
-            num_tokens,
-            bool(push),
-            plan.block_num,
-            plan.warp_per_block,
-            self._stream_of(self._dev),
-        )
+        self._handle.combine_send(input.data_ptr(), rows.dtype_code, rows.view.shape[1], input_rows,
+                                  0 if weights is None else weights.data_ptr(),
+                                  0 if weights is None else int(weights.shape[0]), indices.data_ptr(), num_tokens,
+                                  bool(push), plan.block_num, plan.warp_per_block, self._stream_of(self._dev))
         if finish:
             self.finish_combine(plan)
 

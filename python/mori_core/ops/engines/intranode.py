@@ -15,7 +15,7 @@ import torch
 from mori_core.ops.call_cache import RowBuffer, stream_handle_getter
 from mori_core.ops.combine_quant import combine_quant_code
 from mori_core.ops.config import IMPLEMENTED_KERNEL_TYPES, EpDispatchCombineConfig, normalize_kernel_type
-from mori_core.ops.engines.gpu_common import HandleEngine, byte_view, byte_views, require_gpu_ops, timeout_ms_from_env
+from mori_core.ops.engines.gpu_common import HandleEngine, byte_view, byte_views, handle_fields, require_gpu_ops
 from mori_core.ops.launch_config import LaunchParams, checked_grid, launch_mode, resolve
 from mori_core.ops.profiler import PROFILER_BUILD_HINT
 
@@ -35,22 +35,8 @@ class IntraNodeEngine(HandleEngine):
         from mori_core import _C
         from mori_core import shmem
 
-        shmem.require_initialized(config.rank, config.world_size)
-        self.config = config
-        self.device = self.arg_device = torch.device("cuda", shmem.shmem_device())
-        self._handle = _C.EpDispatchCombineHandle(
-            rank=config.rank,
-            world_size=config.world_size,
-            hidden_dim=config.hidden_dim,
-            scale_dim=config.scale_dim,
-            scale_type_size=config.scale_type_size if config.scale_dim > 0 else 0,
-            max_token_type_size=config.max_token_type_size,
-            max_num_inp_token_per_rank=config.max_num_inp_token_per_rank,
-            num_experts_per_rank=config.num_experts_per_rank,
-            num_experts_per_token=config.num_experts_per_token,
-            max_num_tokens_to_recv=config.max_num_tokens_to_recv(),
-            timeout_ms=timeout_ms_from_env(),
-        )
+        self._place(config)
+        self._handle = _C.EpDispatchCombineHandle(**handle_fields(config))
         self.handle = self._handle
         # Every rank must have placed the op's buffers at the same heap offset, and all ranks
         # must have zeroed them before any peer writes: one collective check does both.
@@ -81,62 +67,25 @@ class IntraNodeEngine(HandleEngine):
         cb, cw, sms, arch, mode, world = self._grid
         return checked_grid(resolve(kernel, num_tokens, block_num, warp_per_block, cb, cw, sms, arch, mode, world))
 
-    def launch_dispatch(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        num_tokens: int,
-        row_bytes: int,
-        plan: LaunchParams,
-        finish: bool,
-    ) -> None:
+    def launch_dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                        indices: torch.Tensor, num_tokens: int, row_bytes: int, plan: LaunchParams, finish: bool
+                        ) -> None:
         """One kernel completes the exchange (``finish`` is always implied)."""
-        self._dispatch_native(
-            self._addr,
-            input.data_ptr(),
-            row_bytes,
-            num_tokens,
-            0 if weights is None else weights.data_ptr(),
-            0 if scales is None else scales.data_ptr(),
-            indices.data_ptr(),
-            plan.block_num,
-            plan.warp_per_block,
-            self._stream_of(self._dev),
-        )
+        self._dispatch_native(self._addr, input.data_ptr(), row_bytes, num_tokens,
+                              0 if weights is None else weights.data_ptr(),
+                              0 if scales is None else scales.data_ptr(), indices.data_ptr(), plan.block_num,
+                              plan.warp_per_block, self._stream_of(self._dev))
 
-    def launch_combine(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        num_tokens: int,
-        rows: RowBuffer,
-        input_rows: int,
-        push: bool,
-        plan: LaunchParams,
-        finish: bool,
-    ) -> None:
+    def launch_combine(self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor,
+                       num_tokens: int, rows: RowBuffer, input_rows: int, push: bool, plan: LaunchParams, finish: bool
+                       ) -> None:
         """One kernel completes the exchange. Weights that are this rank's dispatch output are read
         by the peers in place (no staging copy)."""
         w_ptr = 0 if weights is None else weights.data_ptr()
-        self._combine_native(
-            self._addr,
-            input.data_ptr(),
-            rows.dtype_code,
-            rows.view.shape[1],
-            input_rows,
-            w_ptr,
-            0 if weights is None else int(weights.shape[0]),
-            w_ptr != 0 and w_ptr == self._out_weights_ptr,
-            indices.data_ptr(),
-            num_tokens,
-            push,
-            plan.block_num,
-            plan.warp_per_block,
-            self._stream_of(self._dev),
-        )
+        self._combine_native(self._addr, input.data_ptr(), rows.dtype_code, rows.view.shape[1], input_rows, w_ptr,
+                             0 if weights is None else int(weights.shape[0]),
+                             w_ptr != 0 and w_ptr == self._out_weights_ptr, indices.data_ptr(), num_tokens, push,
+                             plan.block_num, plan.warp_per_block, self._stream_of(self._dev))
 
     # ------------------------------------------------------------------ profiler and teardown
     def debug_time_buf(self) -> torch.Tensor:

@@ -84,16 +84,8 @@ class IntraNodeStandardMoe:
             raise EpOpError(str(e)) from None
 
     # ------------------------------------------------------------------ dispatch side
-    def dispatch(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        block_num: int,
-        warp_per_block: int,
-        plan: Plan,
-    ) -> tuple[int, StdOutputs]:
+    def dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                 indices: torch.Tensor, block_num: int, warp_per_block: int, plan: Plan) -> tuple[int, StdOutputs]:
         """``dispatch_standard_moe``; returns (tokens dispatched, the op's 3-D outputs)."""
         cfg = self.config
         args = check_dispatch_args(cfg, input, weights, scales, indices, device=self.device, allowed_dtypes=DISPATCH_DTYPES)
@@ -118,15 +110,8 @@ class IntraNodeStandardMoe:
         self._scale_dtype = scales.dtype if args.has_scales else None
         return args.num_tokens, self._outputs(input.dtype, args.hidden_dim)
 
-    def convert_dispatch_output(
-        self,
-        x: torch.Tensor,
-        ids: torch.Tensor,
-        dispatch_tokens: int,
-        block_num: int,
-        warp_per_block: int,
-        plan: Plan,
-    ) -> StdOutputs:
+    def convert_dispatch_output(self, x: torch.Tensor, ids: torch.Tensor, dispatch_tokens: int, block_num: int,
+                                warp_per_block: int, plan: Plan) -> StdOutputs:
         """``convert_dispatch_output`` of the 2-D rows ``x`` and their top-k ids ``ids``."""
         cfg = self.config
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -184,16 +169,9 @@ class IntraNodeStandardMoe:
         )
         return packed.dtype, h
 
-    def combine(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        dispatch_tokens: int,
-        block_num: int,
-        warp_per_block: int,
-        plan: Plan,
-    ) -> tuple[torch.dtype, int, LaunchParams]:
+    def combine(self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor,
+                dispatch_tokens: int, block_num: int, warp_per_block: int, plan: Plan
+                ) -> tuple[torch.dtype, int, LaunchParams]:
         """``combine_standard_moe``; returns the (dtype, hidden) of the combined rows and the launch used."""
         cfg = self.config
         h = check_packed_input(cfg, "input", input, COMBINE_DTYPES, self.device)

@@ -65,13 +65,8 @@ class ReferenceEngine(EpEngine):
         device: where outputs live; default = the current CUDA device for NCCL groups, else CPU.
     """
 
-    def __init__(
-        self,
-        config: EpDispatchCombineConfig,
-        group: Optional[dist.ProcessGroup] = None,
-        *,
-        device: Optional[torch.device] = None,
-    ) -> None:
+    def __init__(self, config: EpDispatchCombineConfig, group: Optional[dist.ProcessGroup] = None, *,
+                 device: Optional[torch.device] = None) -> None:
         kt = normalize_kernel_type(config.kernel_type)
         # Inter-node types reduce per node before the network (see combine()).
         self._hierarchical = kt in INTERNODE_KERNEL_TYPES and config.gpu_per_node < config.world_size
@@ -143,17 +138,9 @@ class ReferenceEngine(EpEngine):
         """Launch arguments are accepted for API parity and ignored: the config's values."""
         return LaunchParams(self.config.block_num, self.config.warp_num_per_block)
 
-    def launch_dispatch(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        scales: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        num_tokens: int,
-        row_bytes: int,
-        plan: LaunchParams,
-        finish: bool,
-    ) -> DispatchOutputs:
+    def launch_dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                        indices: torch.Tensor, num_tokens: int, row_bytes: int, plan: LaunchParams, finish: bool
+                        ) -> DispatchOutputs:
         """Send each token to its unique destination ranks; returns fresh capacity-sized outputs."""
         cfg = self.config
         has_weights, has_scales = weights is not None, scales is not None
@@ -221,18 +208,9 @@ class ReferenceEngine(EpEngine):
         }
         return out, out_weights, out_scales, out_indices, total_recv
 
-    def launch_combine(
-        self,
-        input: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        indices: torch.Tensor,
-        num_tokens: int,
-        rows: RowBuffer,
-        input_rows: int,
-        push: bool,
-        plan: LaunchParams,
-        finish: bool,
-    ) -> CombineOutputs:
+    def launch_combine(self, input: torch.Tensor, weights: Optional[torch.Tensor], indices: torch.Tensor,
+                       num_tokens: int, rows: RowBuffer, input_rows: int, push: bool, plan: LaunchParams, finish: bool
+                       ) -> CombineOutputs:
         """Return the rows to their sources and sum them per original token (fp32; hierarchical
         per node for the inter-node kernel types)."""
         cfg = self.config

@@ -35,15 +35,8 @@ class ReferenceStandardMoe:
         self._round = 0
         self._scales: Optional[torch.Tensor] = None
 
-    def convert_dispatch_output(
-        self,
-        x: torch.Tensor,
-        ids: torch.Tensor,
-        dispatch_tokens: int,
-        block_num: int,
-        warp_per_block: int,
-        plan: Plan,
-    ) -> StdOutputs:
+    def convert_dispatch_output(self, x: torch.Tensor, ids: torch.Tensor, dispatch_tokens: int, block_num: int,
+                                warp_per_block: int, plan: Plan) -> StdOutputs:
         """Lay the 2-D dispatch output (rows in dispatch-output order, at least ``total_recv``)
         out as the 3-D standard-MoE layout."""
         st = self._engine._state
