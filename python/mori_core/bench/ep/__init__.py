@@ -7,6 +7,9 @@ host, CUDA graph), runs the NCCL baseline and merges the ranks' rows; each kerne
   FP8-combine and standard-MoE rows of :mod:`.extensions`;
 * :mod:`.internode` -- the inter-node kernel types (``--kernel-type InterNodeV1,...``).
 
+A family module has ``rank_main(rank, world, port, args, results)`` (one spawned rank) and
+``report(per_rank, args, world, where)`` (its tables).
+
 Ranks are placed by :mod:`mori_core.placement`: ``--world-size`` beyond the GPU count puts several
 ranks on a GPU (``MORI_RANKS_PER_GPU``), and the tables then show host time only.
 """
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     """Place the ranks and run the benchmark of the chosen kernel family; returns the exit code."""
     import torch
 
-    from mori_core.bench.ep.measure import place_ranks, shared_gpu_settings
+    from mori_core.bench.ep.measure import place_ranks, shared_gpu_settings, spawn_ranks
 
     if args.auto:
         os.environ["MORI_EP_LAUNCH_CONFIG_MODE"] = "AUTO"
@@ -72,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
     where = place_ranks(world)
     shared_gpu_settings(args, where)
     if args.kernel_type != "IntraNode":
-        from mori_core.bench.ep.internode import run_internode
-
-        return run_internode(args, world, where)
-    from mori_core.bench.ep.intranode import run_intranode
-
-    return run_intranode(args, world, where)
+        from mori_core.bench.ep import internode as family
+    else:
+        from mori_core.bench.ep import intranode as family
+    per_rank = spawn_ranks(family.rank_main, world, args)
+    if per_rank is None:
+        return 1
+    return family.report(per_rank, args, world, where)

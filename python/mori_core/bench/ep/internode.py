@@ -15,19 +15,19 @@ table shows host time only).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import traceback
-from typing import Any
+from typing import Any, Callable
 
 from mori_core.bench.ep.measure import (
     DTYPES,
+    dtype_inputs,
     measure,
     merge_ranks,
     nccl_baseline,
-    routing,
-    spawn_ranks,
-    start_rank,
+    run_rank,
     timing_columns_note,
+    token_inputs,
 )
 from mori_core.placement import Placement
 
@@ -45,89 +45,73 @@ def _network_rows(idx: Any, cfg: Any, gpn: int) -> int:
     return int(hit[:, :nodes].sum())
 
 
-def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
-    """One rank: time every kernel type at every token count; puts ``(rank, rows, error)`` on ``results``."""
+def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
+    """Entry of one spawned rank: time every kernel type at every token count; puts ``(rank, rows, error)`` on ``results``."""
+    run_rank(rank, world, port, results, functools.partial(_rank_rows, rank, world, args))
+
+
+def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: Callable[[], None]) -> list[dict]:
+    """The rows of one rank (collective: every rank runs the same calls)."""
     import torch
-    import torch.distributed as dist
 
-    try:
-        dev = start_rank(rank, world, port)
-        import mori_core.shmem as shmem
-        from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType, EpDispatchCombineOp
+    from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType, EpDispatchCombineOp
 
-        tokens = [int(t) for t in args.tokens.split(",")]
-        dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-        kinds = [k.strip() for k in args.kernel_type.split(",") if k.strip()]
-        gpn = args.gpu_per_node or world
-        max_type = max(torch.empty(0, dtype=getattr(torch, DTYPES[d])).element_size() for d in dtypes + ["bf16"])
+    tokens = [int(t) for t in args.tokens.split(",")]
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    kinds = [k.strip() for k in args.kernel_type.split(",") if k.strip()]
+    gpn = args.gpu_per_node or world
+    max_type = max(torch.empty(0, dtype=getattr(torch, DTYPES[d])).element_size() for d in dtypes + ["bf16"])
 
-        def sync() -> None:
+    rows: list[dict] = []
+    for kind in kinds:
+        cfg = EpDispatchCombineConfig(
+            data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=args.hidden,
+            scale_dim=args.scale_dim if "fp8" in dtypes else 0, scale_type_size=4, max_token_type_size=max_type,
+            max_num_inp_token_per_rank=max(tokens), num_experts_per_rank=args.experts // world,
+            num_experts_per_token=args.topk, kernel_type=EpDispatchCombineKernelType[kind],
+            gpu_per_node=gpn if kind != "IntraNode" else 8, use_external_inp_buf=False,
+            rdma_block_num=max(args.rdma_block_num, 0),
+        )
+        op = EpDispatchCombineOp(cfg)
+        gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
+        for n in tokens:
+            idx, x_bf16, w = token_inputs(n, args, gen, dev)
+            for dname in dtypes:
+                x, scales = dtype_inputs(x_bf16, dname, cfg.scale_dim, dev)
+                op.dispatch(x, w, scales, idx)
+                recv = int(op.get_dispatch_src_token_pos().numel())
+                net_rows = _network_rows(idx, cfg, gpn if kind != "IntraNode" else world)
+                fn = lambda: op.dispatch(x, w, scales, idx, block_num=args.dispatch_block_num,
+                                         warp_per_block=args.dispatch_warp_per_block)
+                rows.append(measure(fn, args, sync, kernel=f"{kind} dispatch", dtype=dname, tokens=n,
+                                     recv=recv, net_rows=net_rows, bytes=recv * args.hidden * x.element_size()))
+            # combine (bf16, zero-copy), after a bf16 dispatch so the routing matches
+            out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
             torch.cuda.synchronize()
-            dist.barrier()
-
-        rows: list[dict] = []
-        for kind in kinds:
-            cfg = EpDispatchCombineConfig(
-                data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=args.hidden,
-                scale_dim=args.scale_dim if "fp8" in dtypes else 0, scale_type_size=4, max_token_type_size=max_type,
-                max_num_inp_token_per_rank=max(tokens), num_experts_per_rank=args.experts // world,
-                num_experts_per_token=args.topk, kernel_type=EpDispatchCombineKernelType[kind],
-                gpu_per_node=gpn if kind != "IntraNode" else 8, use_external_inp_buf=False,
-                rdma_block_num=max(args.rdma_block_num, 0),
-            )
-            op = EpDispatchCombineOp(cfg)
-            gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
-            for n in tokens:
-                idx = routing(n, args.experts, args.topk, gen, dev)
-                x_bf16 = torch.randn(n, args.hidden, generator=gen).to(torch.bfloat16).to(dev)
-                w = torch.rand(n, args.topk, generator=gen).to(dev)
-                for dname in dtypes:
-                    dt = getattr(torch, DTYPES[dname])
-                    x = x_bf16.to(dt) if dname != "fp8" else x_bf16.clamp(-6, 6).to(dt)
-                    scales = torch.rand(n, cfg.scale_dim, device=dev) if dname == "fp8" and cfg.scale_dim else None
-                    op.dispatch(x, w, scales, idx)
-                    recv = int(op.get_dispatch_src_token_pos().numel())
-                    net_rows = _network_rows(idx, cfg, gpn if kind != "IntraNode" else world)
-                    fn = lambda: op.dispatch(x, w, scales, idx, block_num=args.dispatch_block_num,
-                                             warp_per_block=args.dispatch_warp_per_block)
-                    rows.append(measure(fn, args, sync, kernel=f"{kind} dispatch", dtype=dname, tokens=n,
-                                         recv=recv, net_rows=net_rows, bytes=recv * args.hidden * x.element_size()))
-                # combine (bf16, zero-copy), after a bf16 dispatch so the routing matches
-                out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
-                torch.cuda.synchronize()
-                recv = int(total[0])
-                op.get_registered_combine_input_buffer(torch.bfloat16)[:recv].copy_(out[:recv])
-                reg = op.get_registered_combine_input_buffer(torch.bfloat16)
-                fn = lambda: op.combine(reg, out_w, idx, block_num=args.combine_block_num,
-                                        warp_per_block=args.combine_warp_per_block, use_external_inp_buf=0)
-                rows.append(measure(fn, args, sync, kernel=f"{kind} combine", dtype="bf16", tokens=n, recv=recv,
-                                     net_rows=net_rows, bytes=recv * args.hidden * 2))
-                op.check_error()
-                if not args.no_nccl and kind == kinds[-1]:
-                    for r in nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev):
-                        rows.append({**r, "net_rows": 0})
-            sync()
-            op.close()
-        shmem.shmem_finalize()
-        results.put((rank, rows, None))
-    except BaseException:
-        results.put((rank, [], traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+            recv = int(total[0])
+            op.get_registered_combine_input_buffer(torch.bfloat16)[:recv].copy_(out[:recv])
+            reg = op.get_registered_combine_input_buffer(torch.bfloat16)
+            fn = lambda: op.combine(reg, out_w, idx, block_num=args.combine_block_num,
+                                    warp_per_block=args.combine_warp_per_block, use_external_inp_buf=0)
+            rows.append(measure(fn, args, sync, kernel=f"{kind} combine", dtype="bf16", tokens=n, recv=recv,
+                                 net_rows=net_rows, bytes=recv * args.hidden * 2))
+            op.check_error()
+            if not args.no_nccl and kind == kinds[-1]:
+                for r in nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev):
+                    rows.append({**r, "net_rows": 0})
+        sync()
+        op.close()
+    return rows
 
 
-def run_internode(args: argparse.Namespace, world: int, where: Placement) -> int:
-    """Spawn the ranks, gather per-rank rows and print one table (MORI's byte convention)."""
+def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int, where: Placement) -> int:
+    """Print one table of the gathered rows (MORI's byte convention)."""
     import json
 
     import torch
 
     from mori_core.bench.table import print_table
 
-    per_rank = spawn_ranks(_rank_main, world, args)
-    if per_rank is None:
-        return 1
     merged = merge_ranks(per_rank)
     gpn = args.gpu_per_node or world
     title = (f"EP{world} ({world // gpn} node(s) x {gpn} GPU) on {torch.cuda.get_device_name(0)}: hidden "

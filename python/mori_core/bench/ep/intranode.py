@@ -29,22 +29,22 @@ With more ranks than GPUs (``--world-size 8`` on one GPU) only host times are sh
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
-import traceback
-from typing import Any
+from typing import Any, Callable
 
 from mori_core.bench.ep import extensions
 from mori_core.bench.ep.measure import (
     DTYPES,
+    dtype_inputs,
     host_idle,
     measure,
     merge_ranks,
     nccl_baseline,
-    routing,
-    spawn_ranks,
-    start_rank,
+    run_rank,
     timing_columns_note,
+    token_inputs,
 )
 from mori_core.placement import Placement
 
@@ -94,109 +94,93 @@ def _host_breakdown(op: Any, x: Any, w: Any, idx: Any, args: argparse.Namespace,
     return rows
 
 
-def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
-    """One rank: time every kernel at every token count; puts ``(rank, rows, error)`` on ``results``."""
+def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
+    """Entry of one spawned rank: time every kernel at every token count; puts ``(rank, rows, error)`` on ``results``."""
+    run_rank(rank, world, port, results, functools.partial(_rank_rows, rank, world, args))
+
+
+def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: Callable[[], None]) -> list[dict]:
+    """The rows of one rank (collective: every rank runs the same calls)."""
     import torch
-    import torch.distributed as dist
 
-    try:
-        dev = start_rank(rank, world, port)
-        import mori_core.shmem as shmem
-        from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineOp
+    from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineOp
 
-        tokens = [int(t) for t in args.tokens.split(",")]
-        dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-        max_type = max(torch.empty(0, dtype=getattr(torch, DTYPES[d])).element_size() for d in dtypes + ["bf16"])
-        cfg = EpDispatchCombineConfig(
-            data_type=torch.bfloat16,
-            rank=rank,
-            world_size=world,
-            hidden_dim=args.hidden,
-            scale_dim=args.scale_dim if "fp8" in dtypes else 0,
-            scale_type_size=4,
-            max_token_type_size=max_type,
-            max_num_inp_token_per_rank=max(tokens),
-            num_experts_per_rank=args.experts // world,
-            num_experts_per_token=args.topk,
-        )
-        op = EpDispatchCombineOp(cfg)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    max_type = max(torch.empty(0, dtype=getattr(torch, DTYPES[d])).element_size() for d in dtypes + ["bf16"])
+    cfg = EpDispatchCombineConfig(
+        data_type=torch.bfloat16,
+        rank=rank,
+        world_size=world,
+        hidden_dim=args.hidden,
+        scale_dim=args.scale_dim if "fp8" in dtypes else 0,
+        scale_type_size=4,
+        max_token_type_size=max_type,
+        max_num_inp_token_per_rank=max(tokens),
+        num_experts_per_rank=args.experts // world,
+        num_experts_per_token=args.topk,
+    )
+    op = EpDispatchCombineOp(cfg)
 
-        def sync() -> None:
+    modes = {"0": [True], "1": [False], "both": [True, False]}[args.zero_copy]
+    rows: list[dict] = []
+    gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
+    for n in tokens:
+        idx, x_bf16, w = token_inputs(n, args, gen, dev)
+        for dname in dtypes:
+            x, scales = dtype_inputs(x_bf16, dname, cfg.scale_dim, dev)
+            launches = [(args.sms or args.dispatch_block_num, args.dispatch_warp_per_block)]
+            if args.sweep:
+                launches = [(b, wp) for b in SWEEP_BLOCKS for wp in SWEEP_WARPS]
+            res = op.dispatch(x, w, scales, idx)
             torch.cuda.synchronize()
-            dist.barrier()
-
-        modes = {"0": [True], "1": [False], "both": [True, False]}[args.zero_copy]
-        rows: list[dict] = []
-        gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
-        for n in tokens:
-            idx = routing(n, args.experts, args.topk, gen, dev)
-            x_bf16 = torch.randn(n, args.hidden, generator=gen).to(torch.bfloat16).to(dev)
-            w = torch.rand(n, args.topk, generator=gen).to(dev)
-            for dname in dtypes:
-                dt = getattr(torch, DTYPES[dname])
-                x = x_bf16.to(dt) if dname != "fp8" else x_bf16.clamp(-6, 6).to(dt)
-                scales = torch.rand(n, cfg.scale_dim, device=dev) if dname == "fp8" and cfg.scale_dim else None
-                launches = [(args.sms or args.dispatch_block_num, args.dispatch_warp_per_block)]
-                if args.sweep:
-                    launches = [(b, wp) for b in SWEEP_BLOCKS for wp in SWEEP_WARPS]
-                res = op.dispatch(x, w, scales, idx)
-                torch.cuda.synchronize()
-                recv = int(res[4][0])
-                for bn, wpb in launches:
-                    fn = lambda: op.dispatch(x, w, scales, idx, block_num=bn, warp_per_block=wpb)
-                    fn()
-                    p = op._cached_dispatch_launch
-                    rows.append(measure(
-                        fn, args, sync, kernel="dispatch", dtype=dname, tokens=n, recv=recv,
-                        bytes=recv * args.hidden * x.element_size(), blocks=p.block_num, warps=p.warp_per_block, mode="-",
-                    ))
-            # combine (bf16), after a bf16 dispatch so the routing state matches
-            out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
-            torch.cuda.synchronize()
-            recv = int(total[0])
-            y = out[: max(recv, 1)].clone()
-            reg = op.get_registered_combine_input_buffer(torch.bfloat16)
-            reg[:recv].copy_(out[:recv])
-            for push in modes:
-                launches = [(args.sms or args.combine_block_num, args.combine_warp_per_block)]
-                if args.sweep:
-                    launches = [(b, wp) for b in SWEEP_BLOCKS for wp in SWEEP_WARPS if wp <= 16]
-                for bn, wpb in launches:
-                    inp = y if push else reg
-                    fn = lambda: op.combine(inp, out_w, idx, block_num=bn, warp_per_block=wpb, use_external_inp_buf=int(push))
-                    fn()
-                    p = op._cached_combine_launch
-                    rows.append(measure(
-                        fn, args, sync, kernel="combine", dtype="bf16", tokens=n, recv=recv, bytes=recv * args.hidden * 2,
-                        blocks=p.block_num, warps=p.warp_per_block, mode="push" if push else "pull",
-                    ))
-            op.check_error()
-            if n == tokens[0]:
-                rows.extend(_host_breakdown(op, x_bf16, w, idx, args, dev))
-            rows.extend(extensions.extension_rows(op, cfg, args, n, x_bf16, w, idx, measure, sync))
-            if not args.no_nccl:
-                rows.extend(nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev))
-        sync()
-        op.close()
-        shmem.shmem_finalize()
-        results.put((rank, rows, None))
-    except BaseException:
-        results.put((rank, [], traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+            recv = int(res[4][0])
+            for bn, wpb in launches:
+                fn = lambda: op.dispatch(x, w, scales, idx, block_num=bn, warp_per_block=wpb)
+                fn()
+                p = op._cached_dispatch_launch
+                rows.append(measure(
+                    fn, args, sync, kernel="dispatch", dtype=dname, tokens=n, recv=recv,
+                    bytes=recv * args.hidden * x.element_size(), blocks=p.block_num, warps=p.warp_per_block, mode="-",
+                ))
+        # combine (bf16), after a bf16 dispatch so the routing state matches
+        out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
+        torch.cuda.synchronize()
+        recv = int(total[0])
+        y = out[: max(recv, 1)].clone()
+        reg = op.get_registered_combine_input_buffer(torch.bfloat16)
+        reg[:recv].copy_(out[:recv])
+        for push in modes:
+            launches = [(args.sms or args.combine_block_num, args.combine_warp_per_block)]
+            if args.sweep:
+                launches = [(b, wp) for b in SWEEP_BLOCKS for wp in SWEEP_WARPS if wp <= 16]
+            for bn, wpb in launches:
+                inp = y if push else reg
+                fn = lambda: op.combine(inp, out_w, idx, block_num=bn, warp_per_block=wpb, use_external_inp_buf=int(push))
+                fn()
+                p = op._cached_combine_launch
+                rows.append(measure(
+                    fn, args, sync, kernel="combine", dtype="bf16", tokens=n, recv=recv, bytes=recv * args.hidden * 2,
+                    blocks=p.block_num, warps=p.warp_per_block, mode="push" if push else "pull",
+                ))
+        op.check_error()
+        if n == tokens[0]:
+            rows.extend(_host_breakdown(op, x_bf16, w, idx, args, dev))
+        rows.extend(extensions.extension_rows(op, cfg, args, n, x_bf16, w, idx, measure, sync))
+        if not args.no_nccl:
+            rows.extend(nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev))
+    sync()
+    op.close()
+    return rows
 
 
 # ----------------------------------------------------------------------------- driver
-def run_intranode(args: argparse.Namespace, world: int, where: Placement) -> int:
-    """Spawn the ranks, gather per-rank rows, print the tables (host time only when ranks share a GPU)."""
+def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int, where: Placement) -> int:
+    """Print the tables of the gathered rows (host time only when ranks share a GPU)."""
     import torch
 
     from mori_core.bench.table import print_table
 
-    per_rank = spawn_ranks(_rank_main, world, args)
-    if per_rank is None:
-        return 1
     breakdown = {r: [x for x in rows if x.get("table") == "breakdown"] for r, rows in per_rank.items()}
     per_rank = {r: [x for x in rows if x.get("table") != "breakdown"] for r, rows in per_rank.items()}
     merged = merge_ranks(per_rank)

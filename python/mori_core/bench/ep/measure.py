@@ -15,6 +15,7 @@ import os
 import socket
 import statistics
 import time
+import traceback
 from typing import Any, Callable, Optional
 
 from mori_core.placement import Placement, init_rank_process_group, placement
@@ -49,6 +50,31 @@ def start_rank(rank: int, world: int, port: int, group_name: str = "default") ->
     torch._C._distributed_c10d._register_process_group(group_name, dist.group.WORLD)
     shmem.shmem_torch_process_group_init(group_name)
     return dev
+
+
+def run_rank(rank: int, world: int, port: int, results: Any,
+             rows_of: Callable[[Any, Callable[[], None]], list[dict]]) -> None:
+    """Body of a spawned rank: start it (:func:`start_rank`), collect ``rows_of(device, sync)``,
+    finalise shmem and put ``(rank, rows, None)`` on ``results``, or ``(rank, [], traceback)``."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dev = start_rank(rank, world, port)
+        import mori_core.shmem as shmem
+
+        def sync() -> None:
+            torch.cuda.synchronize()
+            dist.barrier()
+
+        rows = rows_of(dev, sync)
+        shmem.shmem_finalize()
+        results.put((rank, rows, None))
+    except BaseException:
+        results.put((rank, [], traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def free_port() -> int:
@@ -92,6 +118,26 @@ def routing(n: int, experts: int, topk: int, gen: Any, device: Any) -> Any:
 
     scores = torch.rand(n, experts, generator=gen, device="cpu")
     return scores.topk(topk, dim=1).indices.to(torch.int32).to(device)
+
+
+def token_inputs(n: int, args: argparse.Namespace, gen: Any, device: Any) -> tuple[Any, Any, Any]:
+    """``(indices, bf16 tokens, gating weights)`` of ``n`` tokens (drawn from ``gen`` in this order)."""
+    import torch
+
+    idx = routing(n, args.experts, args.topk, gen, device)
+    x_bf16 = torch.randn(n, args.hidden, generator=gen).to(torch.bfloat16).to(device)
+    w = torch.rand(n, args.topk, generator=gen).to(device)
+    return idx, x_bf16, w
+
+
+def dtype_inputs(x_bf16: Any, dname: str, scale_dim: int, device: Any) -> tuple[Any, Any]:
+    """``(tokens in dtype dname, fp32 scales or None)``: fp8 tokens are clamped to +-6 and carry scales."""
+    import torch
+
+    dt = getattr(torch, DTYPES[dname])
+    x = x_bf16.to(dt) if dname != "fp8" else x_bf16.clamp(-6, 6).to(dt)
+    scales = torch.rand(x.shape[0], scale_dim, device=device) if dname == "fp8" and scale_dim else None
+    return x, scales
 
 
 # ----------------------------------------------------------------------------- timers
