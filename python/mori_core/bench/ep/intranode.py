@@ -187,14 +187,14 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
     name = torch.cuda.get_device_name(0)
     gpus = f"{where.num_gpus}x {name}" + (f" ({where.ranks_per_gpu} ranks per GPU)" if where.shared else "")
     grid = f"--sms {args.sms} (every kernel {args.sms} blocks)" if args.sms else ("AUTO launch table" if args.auto else "config/explicit launch")
-    title = (
-        f"EP{world} on {gpus}: hidden {args.hidden}, top-{args.topk} of {args.experts}, uniform routing, {grid}; "
-        f"eager = event pair around each of {args.eager_calls} back-to-back calls (first dropped), "
-        f"graph = replay of {args.ops_per_graph} ops, median of {args.iters}"
-    )
+    title = f"EP{world} on {gpus}: hidden {args.hidden}, top-{args.topk} of {args.experts}, uniform routing, {grid}"
+    if not where.shared:
+        title += (f"; eager = event pair around each of {args.eager_calls} back-to-back calls (first dropped), "
+                  f"graph = replay of {args.ops_per_graph} ops, median of {args.iters}")
     headers = ["kernel", "mode", "dtype", "tokens", "recv/rank", "blocks x warps", "eager us (median)",
                "eager us (mean)", "host us/call", "graph us", "GB/s (eager)", "GB/s (graph)"]
     timed = not where.shared  # latency and bandwidth mean nothing when ranks share a GPU
+    title += "" if timed else f"; host us/call = median of {args.eager_calls - 1} eager calls"
     if not timed:
         headers = headers[:6] + ["host us/call"]
 
