@@ -20,14 +20,8 @@ import os
 from typing import Any, Callable
 
 from mori_core.bench.ep.measure import (
-    DTYPES,
-    dtype_inputs,
-    measure,
-    merge_ranks,
-    nccl_baseline,
-    run_rank,
-    timing_columns_note,
-    token_inputs,
+    DTYPES, dtype_inputs, measure, merge_ranks, nccl_baseline, run_rank,
+    timing_columns_note, token_inputs
 )
 from mori_core.placement import Placement
 

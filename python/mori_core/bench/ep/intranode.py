@@ -36,15 +36,8 @@ from typing import Any, Callable
 
 from mori_core.bench.ep import extensions
 from mori_core.bench.ep.measure import (
-    DTYPES,
-    dtype_inputs,
-    host_idle,
-    measure,
-    merge_ranks,
-    nccl_baseline,
-    run_rank,
-    timing_columns_note,
-    token_inputs,
+    DTYPES, dtype_inputs, host_idle, measure, merge_ranks, nccl_baseline,
+    run_rank, timing_columns_note, token_inputs
 )
 from mori_core.placement import Placement
 
