@@ -21,7 +21,7 @@ description, and the op stays failed (recreate it on every rank).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -542,7 +542,8 @@ class EpDispatchCombineOp:
         return None
 
     # ------------------------------------------------------------------ standard-MoE (3-D layout)
-    def _standard_moe_part(self):  # -> the engine's standard-MoE part
+    def _standard_moe_part(self) -> Any:
+        """The engine's standard-MoE part (``IntraNodeStandardMoe`` / ``ReferenceStandardMoe``)."""
         std = self._engine.standard_moe
         if std is None:
             raise NotImplementedError(
@@ -551,7 +552,7 @@ class EpDispatchCombineOp:
             )
         return std
 
-    def _standard_moe_call(self, block_num: int, rdma_block_num: int, warp_per_block: int):
+    def _standard_moe_call(self, block_num: int, rdma_block_num: int, warp_per_block: int) -> Any:
         """The engine's standard-MoE part, after the checks every standard-MoE call starts with."""
         std = self._standard_moe_part()
         self.check_error(synchronize=False)
