@@ -27,7 +27,7 @@ for f in mori_core/csrc/ops/ep_dispatch.cu mori_core/csrc/ops/ep_combine.cu mori
   echo "hipcc --offload-arch=$ARCH $f"
   hipcc -x hip --offload-arch="$ARCH" "${FLAGS[@]}" -c "$f" -o "$OUTDIR/$(basename "$f").o" || status=1
 done
-for f in mori_core/csrc/ops/ep_handle.cpp mori_core/csrc/shmem/symmetric_heap.cpp \
+for f in mori_core/csrc/ops/ep_handle_base.cpp mori_core/csrc/ops/ep_handle.cpp mori_core/csrc/shmem/symmetric_heap.cpp \
          mori_core/csrc/shmem/shmem_state.cpp mori_core/csrc/shmem/heap_allocator.cpp \
          mori_core/csrc/common/gpu_runtime.cpp mori_core/csrc/io/p2p/ipc_cache.cpp \
          mori_core/csrc/io/p2p/stream_pool.cpp mori_core/csrc/io/p2p/signal_slots.cpp mori_core/csrc/io/p2p/completion_waiter.cpp \

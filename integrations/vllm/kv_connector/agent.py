@@ -39,7 +39,7 @@ from mori_integrations.vllm.kv_connector.messages import (
 )
 from mori_integrations.vllm.kv_connector.metadata import PeerAddress
 from mori_integrations.vllm.kv_connector.peer_watch import Address, PeerWatch
-from mori_integrations.vllm.kv_connector.planner import plan_layer
+from mori_integrations.vllm.kv_connector.planner import pair_blocks, plan_layer
 from mori_integrations.vllm.kv_connector.stats import TransferCounters
 
 __all__ = ["AgentIdentity", "Peer", "TransferAgent", "pair_blocks"]
@@ -77,24 +77,6 @@ class Peer:
     regions: List[MemoryDesc]
     layers: Dict[str, LayerLayout]
     seen: float = 0.0
-
-
-def pair_blocks(
-    src: Sequence[int], dst: Sequence[int], null_block_id: int
-) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Index-aligned block pairs, skipping positions where the destination holds no block.
-
-    Raises PlanError when the destination needs a position the source has no block for
-    (e.g. a sliding-window block the source already dropped).
-    """
-    if len(src) < len(dst):
-        raise PlanError(f"the destination expects {len(dst)} blocks but the source holds {len(src)}")
-    s = np.asarray(src[: len(dst)], dtype=np.int64)
-    d = np.asarray(dst, dtype=np.int64)
-    keep = d != null_block_id
-    if np.any(keep & (s == null_block_id)):
-        raise PlanError("the destination needs blocks the source no longer holds (outside its sliding window)")
-    return s[keep], d[keep]
 
 
 class TransferAgent:

@@ -29,6 +29,7 @@ from mori_integrations.vllm.kv_connector.control import HandshakeError
 from mori_integrations.vllm.kv_connector.messages import ConsumerDone, WriteDone, WriteRequest
 from mori_integrations.vllm.kv_connector.metadata import RecvJob
 from mori_integrations.vllm.kv_connector.peer_watch import PROBE_INTERVAL_S, Address
+from mori_integrations.vllm.kv_connector.planner import pair_blocks
 from mori_integrations.vllm.kv_connector.tp_mapping import head_pairs
 
 if TYPE_CHECKING:
@@ -206,8 +207,6 @@ class ConsumerSide:
 
     def _block_pairs(self, job: RecvJob) -> List[Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
         """READ: per group (local, remote) block arrays of the positions to move."""
-        from mori_integrations.vllm.kv_connector.agent import pair_blocks
-
         remote = job.remote_block_ids or []
         pairs = []
         for g, local in enumerate(job.local_block_ids):

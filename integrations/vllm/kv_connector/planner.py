@@ -21,7 +21,7 @@ import numpy.typing as npt
 from mori_integrations.common.segments import PlanError, Segments, merge_adjacent
 from mori_integrations.vllm.kv_connector.messages import LayerLayout
 
-__all__ = ["check_pairable", "plan_layer", "zip_runs"]
+__all__ = ["check_pairable", "pair_blocks", "plan_layer", "zip_runs"]
 
 Template = Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
@@ -106,3 +106,21 @@ def plan_layer(
     remote = (base_dst[:, None] + t_dst[None, :]).ravel()
     sizes = np.broadcast_to(t_sz, (src_blocks.size, t_sz.size)).ravel()
     return merge_adjacent(local, remote, sizes)
+
+
+def pair_blocks(
+    src: Sequence[int], dst: Sequence[int], null_block_id: int
+) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Index-aligned block pairs, skipping positions where the destination holds no block.
+
+    Raises PlanError when the destination needs a position the source has no block for
+    (e.g. a sliding-window block the source already dropped).
+    """
+    if len(src) < len(dst):
+        raise PlanError(f"the destination expects {len(dst)} blocks but the source holds {len(src)}")
+    s = np.asarray(src[: len(dst)], dtype=np.int64)
+    d = np.asarray(dst, dtype=np.int64)
+    keep = d != null_block_id
+    if np.any(keep & (s == null_block_id)):
+        raise PlanError("the destination needs blocks the source no longer holds (outside its sliding window)")
+    return s[keep], d[keep]

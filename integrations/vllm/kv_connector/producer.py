@@ -28,6 +28,7 @@ from mori_integrations.common.segments import PlanError, await_statuses
 from mori_integrations.vllm.kv_connector.control import HandshakeError
 from mori_integrations.vllm.kv_connector.messages import ConsumerDone, WriteDone, WriteRequest
 from mori_integrations.vllm.kv_connector.metadata import FinishedSend, SendJob
+from mori_integrations.vllm.kv_connector.planner import pair_blocks
 from mori_integrations.vllm.kv_connector.tp_mapping import head_pairs
 
 if TYPE_CHECKING:
@@ -324,8 +325,6 @@ class ProducerSide:
             raise PlanError(
                 f"KV heads differ: prefill {ident.total_kv_heads}, decode {consumer.total_kv_heads} (same model?)"
             )
-        from mori_integrations.vllm.kv_connector.agent import pair_blocks
-
         blocks = []
         for g, dst in enumerate(req.block_ids):
             if g >= len(send.job.block_ids):

@@ -28,18 +28,10 @@ void RegisterOps(py::module_& m) {
       .def(py::init([](int rank, int world_size, int hidden_dim, int scale_dim, int scale_type_size,
                        int max_token_type_size, int max_num_inp_token_per_rank, int num_experts_per_rank,
                        int num_experts_per_token, int max_num_tokens_to_recv, int64_t timeout_ms) {
-             EpHandleConfig c;
-             c.rank = rank;
-             c.world_size = world_size;
-             c.hidden_dim = hidden_dim;
-             c.scale_dim = scale_dim;
-             c.scale_type_size = scale_type_size;
-             c.max_token_type_size = max_token_type_size;
-             c.max_num_inp_token_per_rank = max_num_inp_token_per_rank;
-             c.num_experts_per_rank = num_experts_per_rank;
-             c.num_experts_per_token = num_experts_per_token;
-             c.max_num_tokens_to_recv = max_num_tokens_to_recv;
-             c.timeout_ms = timeout_ms;
+             // EpOpConfig's fields in declaration order (gpu_per_node 0: IntraNode).
+             const EpHandleConfig c{rank, world_size, 0, hidden_dim, scale_dim, scale_type_size, max_token_type_size,
+                                    max_num_inp_token_per_rank, num_experts_per_rank, num_experts_per_token,
+                                    max_num_tokens_to_recv, timeout_ms};
              return new EpHandle(c);
            }),
            py::kw_only(), py::arg("rank"), py::arg("world_size"), py::arg("hidden_dim"), py::arg("scale_dim"),

@@ -1,9 +1,7 @@
 #include "ops/ep_handle.hpp"
 
-#include <cstring>
 
 #include "common/error.hpp"
-#include "ops/ep_error_text.hpp"
 #include "ops/ep_profiler_phases.hpp"
 #include "shmem/gpu_ext.hpp"
 #include "shmem/shmem_state.hpp"
@@ -12,13 +10,7 @@ namespace mori::ep {
 
 namespace {
 
-constexpr size_t kAlign = 256;
-
-size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-void Require(bool cond, const std::string& msg) {
-  if (!cond) throw InvalidArgument(msg);
-}
+void Require(bool cond, const std::string& msg) { RequireArg(cond, msg); }
 
 // Per-launch checks build their message only when they fail: a launch is on
 // the host's hot path (a few microseconds in all), string building is not.
@@ -27,29 +19,13 @@ void Require(bool cond, const std::string& msg) {
     if (!(cond)) throw ::mori::InvalidArgument(msg_expr); \
   } while (0)
 
-// Offsets of the op's buffers inside its heap block.
-struct Layout {
-  size_t total = 0;
-  std::map<std::string, std::pair<size_t, size_t>> parts;  // name -> (offset, bytes)
-  void Add(const std::string& name, size_t bytes) {
-    total = AlignUp(total, kAlign);
-    parts[name] = {total, bytes};
-    total += bytes;
-  }
-  size_t Off(const std::string& name) const { return parts.at(name).first; }
-};
+using Layout = BufferLayout;
 
+// Offsets of the op's buffers inside its heap block.
 Layout MakeLayout(const EpHandleConfig& c, size_t row_cap) {
-  const size_t recv = c.max_num_tokens_to_recv, tok = c.max_num_inp_token_per_rank, k = c.num_experts_per_token;
-  const size_t scale_bytes = static_cast<size_t>(c.scale_dim) * c.scale_type_size;
+  const size_t tok = c.max_num_inp_token_per_rank, k = c.num_experts_per_token;
   Layout l;
-  l.Add("dispatch_out", recv * row_cap);
-  l.Add("dispatch_out_weights", recv * k * 4);
-  l.Add("dispatch_out_indices", recv * k * 4);
-  l.Add("dispatch_out_scales", recv * scale_bytes);
-  l.Add("src_pos", recv * 4);
-  l.Add("combine_input", recv * row_cap);
-  l.Add("combine_input_weights", recv * k * 4);
+  AddReceiveBuffers(l, c, row_cap);
   l.Add("stage", static_cast<size_t>(c.world_size) * tok * row_cap);
   l.Add("stage_weights", static_cast<size_t>(c.world_size) * tok * k * 4);
   l.Add("recv_counter", 2 * sizeof(int32_t));
@@ -62,7 +38,7 @@ Layout MakeLayout(const EpHandleConfig& c, size_t row_cap) {
   l.Add("sync", sizeof(EpSyncState));
   l.Add("std_counts", 2 * static_cast<size_t>(c.world_size) * c.world_size * c.num_experts_per_rank * sizeof(int32_t));
   l.Add("std_flags", kMaxWorld * sizeof(uint32_t));
-  l.total = AlignUp(l.total, kAlign);
+  l.Finish();
   return l;
 }
 
@@ -84,29 +60,15 @@ Layout MakeStdLayout(const EpHandleConfig& c, size_t row_cap) {
   l.Add("plan_prefix", ne * words * 4);
   l.Add("conv_bits", el * c.world_size * words * 4);
   l.Add("conv_prefix", el * c.world_size * words * 4);
-  l.total = AlignUp(l.total, kAlign);
+  l.Finish();
   return l;
 }
 
-const char* PhaseName(int phase) { return phase == kPhaseDispatch ? "dispatch" : "combine"; }
-
 }  // namespace
 
-EpHandle::EpHandle(const EpHandleConfig& c) : cfg_(c) {
-  Require(c.world_size >= 1 && c.world_size <= kMaxWorld,
-          "world_size must be in [1, " + std::to_string(kMaxWorld) + "], got " + std::to_string(c.world_size));
-  Require(c.rank >= 0 && c.rank < c.world_size, "rank out of range");
-  Require(c.hidden_dim > 0 && c.max_num_inp_token_per_rank > 0 && c.num_experts_per_rank > 0,
-          "hidden_dim, max_num_inp_token_per_rank and num_experts_per_rank must be positive");
-  Require(c.num_experts_per_token >= 1 && c.num_experts_per_token <= KernelWarpSize(),
-          "num_experts_per_token must be in [1, " + std::to_string(KernelWarpSize()) + "]");
-  Require(c.max_token_type_size == 1 || c.max_token_type_size == 2 || c.max_token_type_size == 4,
-          "max_token_type_size must be 1, 2 or 4");
-  Require(c.max_num_tokens_to_recv >= 1, "max_num_tokens_to_recv must be >= 1");
-  Require(static_cast<int64_t>(c.world_size) * c.max_num_inp_token_per_rank < (int64_t{1} << 30),
-          "world_size * max_num_inp_token_per_rank must stay below 2^30 (int32 flat source indices)");
-  Require(c.timeout_ms > 0, "timeout_ms must be positive");
+const char* EpHandle::PhaseName(int phase) const { return phase == kPhaseDispatch ? "dispatch" : "combine"; }
 
+EpHandle::EpHandle(const EpHandleConfig& c) : EpHandleBase(c, kMaxWorld, KernelWarpSize(), "") {
   shmem::SymmetricHeap& heap = shmem::Heap();
   Require(heap.world_size() == c.world_size && heap.rank() == c.rank,
           "config rank/world_size (" + std::to_string(c.rank) + "/" + std::to_string(c.world_size) +
@@ -117,51 +79,23 @@ EpHandle::EpHandle(const EpHandleConfig& c) : cfg_(c) {
   MORI_GPU_CHECK(gpuDeviceGetAttribute(&sm_count_, gpuDevAttrMultiProcessorCount, device_));
   MORI_GPU_CHECK(gpuDeviceGetAttribute(&arch_major_, gpuDevAttrComputeCapabilityMajor, device_));
 
-  row_cap_ = c.hidden_dim * c.max_token_type_size;
   const Layout layout = MakeLayout(c, row_cap_);
   block_bytes_ = layout.total;
   block_ = static_cast<uint8_t*>(heap.Malloc(block_bytes_, 4096));
   heap_offset_ = static_cast<uint64_t>(block_ - heap.base());
   MORI_GPU_CHECK(gpuMemset(block_, 0, block_bytes_));
-
-  void* host = nullptr;
-  MORI_GPU_CHECK(gpuHostAlloc(&host, sizeof(EpErrorRecord), gpuHostAllocMapped | gpuHostAllocPortable));
-  host_error_ = static_cast<EpErrorRecord*>(host);
-  std::memset(host_error_, 0, sizeof(EpErrorRecord));
-  void* dev_error = nullptr;
-  MORI_GPU_CHECK(gpuHostGetDevicePointer(&dev_error, host, 0));
+  EpErrorRecord* dev_error = OpenErrorRecord();
 
   EpGeometry& g = args_.geo;
-  g.rank = c.rank;
-  g.world = c.world_size;
-  g.topk = c.num_experts_per_token;
-  g.experts_per_rank = c.num_experts_per_rank;
-  g.num_experts = c.num_experts_per_rank * c.world_size;
-  g.max_tok = c.max_num_inp_token_per_rank;
-  g.max_recv = c.max_num_tokens_to_recv;
-  g.max_send = c.world_size * c.max_num_inp_token_per_rank;
-  g.scale_bytes = c.scale_dim * c.scale_type_size;
-  g.timeout_ns = static_cast<uint64_t>(c.timeout_ms) * 1000000ull;
+  FillCommonGeometry(g, c);
+  BindTimeout(&g.timeout_ns);
   auto at = [&](const char* name) { return block_ + layout.Off(name); };
   EpBuffers& b = args_.buf;
-  b.dispatch_out = at("dispatch_out");
-  b.dispatch_out_weights = reinterpret_cast<float*>(at("dispatch_out_weights"));
-  b.dispatch_out_indices = reinterpret_cast<int32_t*>(at("dispatch_out_indices"));
-  b.dispatch_out_scales = at("dispatch_out_scales");
-  b.src_pos = reinterpret_cast<int32_t*>(at("src_pos"));
-  b.combine_inp = at("combine_input");
-  b.combine_inp_weights = reinterpret_cast<float*>(at("combine_input_weights"));
+  BindCommonBuffers(b, at, dev_error);
   b.stage = at("stage");
   b.stage_weights = reinterpret_cast<float*>(at("stage_weights"));
-  b.recv_counter = reinterpret_cast<int32_t*>(at("recv_counter"));
-  b.dispatch_flags = reinterpret_cast<uint32_t*>(at("dispatch_flags"));
-  b.combine_flags = reinterpret_cast<uint32_t*>(at("combine_flags"));
-  b.combine_out = at("combine_out");
-  b.combine_out_weights = reinterpret_cast<float*>(at("combine_out_weights"));
   b.dest_slot = reinterpret_cast<int32_t*>(at("dest_slot"));
   b.token_mask = reinterpret_cast<uint32_t*>(at("token_mask"));
-  b.sync = reinterpret_cast<EpSyncState*>(at("sync"));
-  b.error = static_cast<EpErrorRecord*>(dev_error);
   b.std_counts = reinterpret_cast<int32_t*>(at("std_counts"));
   b.std_flags = reinterpret_cast<uint32_t*>(at("std_flags"));
   g.tpe = c.world_size * c.max_num_inp_token_per_rank;
@@ -203,17 +137,14 @@ void EpHandle::Close() {
     prof_events_ = nullptr;
     prof_cursor_ = nullptr;
   }
-  if (host_error_) {
-    (void)gpuFreeHost(host_error_);
-    host_error_ = nullptr;
-  }
+  CloseErrorRecord();
 }
 
 void EpHandle::CheckUsable() const {
   if (!block_) throw BadState("the EP operator is closed");
   if (shmem::Generation() != generation_ || !shmem::Initialized())
     throw BadState("mori shmem was finalised after this EP operator was created; recreate the operator");
-  if (reinterpret_cast<const volatile EpErrorRecord*>(host_error_)->code != kErrNone) throw OpFailed(ErrorMessage());
+  if (Failed()) throw OpFailed(ErrorMessage());
 }
 
 void EpHandle::CheckWarps(int warps, int max_threads, const char* what) const {
@@ -222,32 +153,14 @@ void EpHandle::CheckWarps(int warps, int max_threads, const char* what) const {
                                                      std::to_string(max_warps) + "], got " + std::to_string(warps));
 }
 
-void EpHandle::set_timeout_ms(int64_t ms) {
-  Require(ms > 0, "timeout_ms must be positive");
-  cfg_.timeout_ms = ms;
-  args_.geo.timeout_ns = static_cast<uint64_t>(ms) * 1000000ull;
-}
-
 DispatchParams EpHandle::CheckedDispatchParams(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights,
                                                uintptr_t scales, uintptr_t indices, int blocks, int warps) const {
   CheckUsable();
-  EP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank,
-          "num_tokens must be in [0, max_num_inp_token_per_rank=" + std::to_string(cfg_.max_num_inp_token_per_rank) +
-              "], got " + std::to_string(num_tokens));
-  EP_CHECK_ARG(row_bytes > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
-          "row bytes must be a positive multiple of 16 up to hidden_dim * max_token_type_size = " +
-              std::to_string(row_cap_) + ", got " + std::to_string(row_bytes));
-  EP_CHECK_ARG(num_tokens == 0 || (input && indices), "input and indices must be non-null");
-  EP_CHECK_ARG(input % 16 == 0, "input must be 16-byte aligned");
+  CheckDispatchRows(input, row_bytes, num_tokens, indices);
   EP_CHECK_ARG(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
   CheckWarps(warps, kDispatchMaxThreads, "dispatch");
   DispatchParams p{};
-  p.input = reinterpret_cast<const uint8_t*>(input);
-  p.weights = reinterpret_cast<const float*>(weights);
-  p.scales = cfg_.scale_dim > 0 ? reinterpret_cast<const uint8_t*>(scales) : nullptr;
-  p.indices = reinterpret_cast<const int32_t*>(indices);
-  p.num_tokens = num_tokens;
-  p.row_bytes = row_bytes;
+  FillDispatchPointers(p, cfg_, input, row_bytes, num_tokens, weights, scales, indices);
   return p;
 }
 
@@ -261,13 +174,7 @@ void EpHandle::Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_
 int EpHandle::CheckedCombineRowBytes(int dtype, int hidden_dim, int num_tokens, uintptr_t indices, int blocks,
                                      int warps) const {
   CheckUsable();
-  EP_CHECK_ARG(dtype == 0 || dtype == 1, "combine dtype code must be 0 (bf16) or 1 (fp32)");
-  const int row_bytes = hidden_dim * (dtype == 0 ? 2 : 4);
-  EP_CHECK_ARG(hidden_dim > 0 && row_bytes % 16 == 0 && row_bytes <= row_cap_,
-          "combine rows must be a positive multiple of 16 bytes up to " + std::to_string(row_cap_) + ", got " +
-              std::to_string(row_bytes));
-  EP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cfg_.max_num_inp_token_per_rank, "num_tokens out of range");
-  EP_CHECK_ARG(num_tokens == 0 || indices, "indices must be non-null");
+  const int row_bytes = CheckCombineRows(dtype, hidden_dim, num_tokens, indices);
   EP_CHECK_ARG(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
   CheckWarps(warps, kCombineMaxThreads, "combine");
   if (combine_quant_ != kQuantNone) {
@@ -322,28 +229,9 @@ void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_row
                 reinterpret_cast<gpuStream_t>(stream));
 }
 
-std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::Buffers() const {
+BufferTable EpHandle::Buffers() const {
   if (!block_) throw BadState("the EP operator is closed");
-  const Layout l = MakeLayout(cfg_, row_cap_);
-  std::vector<std::tuple<std::string, uintptr_t, size_t>> out;
-  for (const char* name : {"dispatch_out", "dispatch_out_weights", "dispatch_out_indices", "dispatch_out_scales",
-                           "src_pos", "combine_input", "combine_out", "combine_out_weights"}) {
-    const auto& [off, bytes] = l.parts.at(name);
-    out.emplace_back(name, reinterpret_cast<uintptr_t>(block_ + off), bytes);
-  }
-  out.emplace_back("total_recv", reinterpret_cast<uintptr_t>(&args_.buf.sync->total_recv), sizeof(int32_t));
-  return out;
-}
-
-std::string EpHandle::ErrorMessage() const {
-  if (!host_error_) return "";
-  const EpErrorRecord e = ReadErrorRecord(host_error_);
-  if (e.code == kErrNone) return "";
-  EpErrorContext c;
-  c.rank = cfg_.rank;
-  c.timeout_ms = cfg_.timeout_ms;
-  c.phase = PhaseName(e.phase);
-  return DescribeEpError(e, c);
+  return OutputBuffers(MakeLayout(cfg_, row_cap_), block_, args_.buf.sync);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -454,9 +342,9 @@ void EpHandle::CombineStandardMoe(uintptr_t packed, int dtype, int hidden_dim, u
                 reinterpret_cast<gpuStream_t>(stream));
 }
 
-std::vector<std::tuple<std::string, uintptr_t, size_t>> EpHandle::StandardMoeBuffers() const {
+BufferTable EpHandle::StandardMoeBuffers() const {
   if (!block_) throw BadState("the EP operator is closed");
-  std::vector<std::tuple<std::string, uintptr_t, size_t>> out;
+  BufferTable out;
   if (!std_block_) return out;
   const Layout l = MakeStdLayout(cfg_, row_cap_);
   for (const char* name : {"packed_x", "packed_scales", "packed_src_info", "packed_count", "layout_range"}) {

@@ -1,6 +1,7 @@
-// EpHandle: the buffers, sync state and error record of one EP operator, and
-// the checked launch of its dispatch/combine kernels. Tensors arrive as raw
-// device pointers from the Python layer (no libtorch).
+// EpHandle: the buffers and sync state of one IntraNode EP operator, and the
+// checked launch of its dispatch/combine kernels (config, error record and
+// buffer table: EpHandleBase). Tensors arrive as raw device pointers from the
+// Python layer (no libtorch).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "ops/ep_handle_base.hpp"
 #include "ops/ep_kernels.hpp"
 #include "ops/ep_types.hpp"
 
@@ -24,28 +26,14 @@ class OpFailed : public BadState {
   using BadState::BadState;
 };
 
-struct EpHandleConfig {
-  int rank = 0;
-  int world_size = 1;
-  int hidden_dim = 0;
-  int scale_dim = 0;
-  int scale_type_size = 0;
-  int max_token_type_size = 4;
-  int max_num_inp_token_per_rank = 0;
-  int num_experts_per_rank = 0;
-  int num_experts_per_token = 0;
-  int max_num_tokens_to_recv = 0;
-  int64_t timeout_ms = 10000;
-};
+using EpHandleConfig = EpOpConfig;
 
-class EpHandle {
+class EpHandle : public EpHandleBase {
  public:
   // Allocates all buffers from the symmetric heap (collective: every rank must
   // create its handles in the same order) and zeroes them.
   explicit EpHandle(const EpHandleConfig& cfg);
-  ~EpHandle();
-  EpHandle(const EpHandle&) = delete;
-  EpHandle& operator=(const EpHandle&) = delete;
+  ~EpHandle() override;
 
   void Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales, uintptr_t indices,
                 int blocks, int warps, uintptr_t stream);
@@ -54,7 +42,7 @@ class EpHandle {
                uintptr_t stream);
 
   // name -> (device pointer, bytes) of the buffers Python views.
-  std::vector<std::tuple<std::string, uintptr_t, size_t>> Buffers() const;
+  BufferTable Buffers() const;
 
   // ---- FP8 combine, standard-MoE layout, profiler (issue #15) ----
   // Transport quantisation of every later combine (EpCombineQuant: 0 none,
@@ -76,17 +64,13 @@ class EpHandle {
   void CombineStandardMoe(uintptr_t packed, int dtype, int hidden_dim, uintptr_t indices, int num_tokens, int blocks,
                           int warps, uintptr_t stream);
   // name -> (device pointer, bytes) of the standard-MoE buffers (empty before EnsureStandardMoe).
-  std::vector<std::tuple<std::string, uintptr_t, size_t>> StandardMoeBuffers() const;
+  BufferTable StandardMoeBuffers() const;
   // (device pointer, bytes) of the profiler's event buffer; (0, 0) unless built with MORI_ENABLE_PROFILER.
   std::pair<uintptr_t, size_t> DebugTimeBuf() const;
   // Clears the profiler's events (no-op without the profiler).
   void ResetDebugTimeBuf();
   static bool ProfilerEnabled();
-  // "" while no kernel reported a failure, else a description naming rank, phase and peer.
-  std::string ErrorMessage() const;
   uint64_t HeapOffset() const { return heap_offset_; }
-  int64_t timeout_ms() const { return cfg_.timeout_ms; }
-  void set_timeout_ms(int64_t ms);
   int sm_count() const { return sm_count_; }
   int arch_major() const { return arch_major_; }
   // Frees the buffers (collective, like construction). Idempotent.
@@ -104,8 +88,8 @@ class EpHandle {
   // block_num clamped to what fits co-resident for this combine variant.
   int CombineGrid(int dtype, bool push, bool standard_moe, int warps, int blocks);
   void RequireStandardMoe() const;
+  const char* PhaseName(int phase) const override;
 
-  EpHandleConfig cfg_;
   int device_ = -1;
   int sm_count_ = 0;
   int arch_major_ = 0;
@@ -113,9 +97,7 @@ class EpHandle {
   uint8_t* block_ = nullptr;  // one heap allocation holding every buffer
   uint64_t heap_offset_ = 0;
   uint64_t block_bytes_ = 0;
-  EpErrorRecord* host_error_ = nullptr;
   EpKernelArgs args_{};
-  int row_cap_ = 0;  // bytes of a token row at hidden_dim * max_token_type_size
   std::map<std::tuple<int, bool, int, int, bool>, int> combine_grid_cap_;
   int combine_quant_ = 0;
   uint8_t* std_block_ = nullptr;  // standard-MoE buffers (allocated on first use)

@@ -17,7 +17,7 @@ if _build_info().get("profiler"):
         import torch
 
         from mori_core import shmem
-        from mori_core.ops.dispatch_combine import _byte_view
+        from mori_core.ops.engines.gpu_common import byte_view
 
         ptr, nbytes = handle.debug_time_buf()
-        return _byte_view(ptr, nbytes, torch.device("cuda", shmem.shmem_device())).view(torch.int64)
+        return byte_view(ptr, nbytes, torch.device("cuda", shmem.shmem_device())).view(torch.int64)

@@ -1,6 +1,6 @@
 """``python -m mori_core.bench moe``: one MoE layer over MORI-EP (seed 002's benchmark_mori_ep_moe).
 
-Each EP rank (one process per GPU) runs what vLLM's ``mori_ep`` backend runs per MoE layer:
+Each EP rank (one process per rank, placed by ``mori_core.placement``) runs what vLLM's ``mori_ep`` backend runs per MoE layer:
 dispatch its tokens to the ranks owning their top-k experts, read the received-token count,
 run a grouped gated-SiLU expert FFN in torch over the received rows (local experts only,
 gating weights applied), and combine the rows back. Every phase is timed with CUDA events;
@@ -16,6 +16,7 @@ its times say nothing about GPUs).
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import time
 import traceback
@@ -254,13 +255,15 @@ def _ep_rank(
     import torch.distributed as dist
 
     try:
-        if shape.device_type == "cuda":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
+        init = f"tcp://127.0.0.1:{port}"
+        if shape.device_type == "cuda":  # placed by mori_core.placement (several ranks per GPU when short of GPUs)
+            from mori_core.placement import init_rank_process_group
+
+            device = init_rank_process_group(rank, world, init, use_nccl=False)
         else:
             device = torch.device("cpu")
             torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+            dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
         from mori_core.ops import EpDispatchCombineConfig
 
         per = shape.num_experts // world
@@ -434,9 +437,10 @@ def run(args: argparse.Namespace) -> int:
         have = torch.cuda.device_count()
         if have < 1:
             raise SystemExit("no CUDA GPU visible; use --device cpu for a smoke run")
-        too_big = [w for w in world_sizes if w > have]
-        if too_big:
-            raise SystemExit(f"--world-sizes {too_big} need more GPUs than the {have} visible")
+        from mori_core.placement import placement
+
+        for w in world_sizes:  # raises when MORI_RANKS_PER_GPU=N needs more GPUs than are visible
+            placement(w)
     for w in world_sizes:
         if args.num_experts % w:
             raise SystemExit(f"--num-experts {args.num_experts} must divide evenly over EP size {w}")
@@ -464,7 +468,13 @@ def run(args: argparse.Namespace) -> int:
         baseline = res["times"]
         print(f"single-GPU baseline FFN: {res['ffn']}", flush=True)
     failed = False
+    heap_request = os.environ.get("MORI_SHMEM_HEAP_SIZE")
     for world in world_sizes:
+        where = None
+        if args.device == "cuda":
+            from mori_core.bench.ep.measure import place_ranks
+
+            where = place_ranks(world, heap_request)
         port = _free_port()
         targets = [(_ep_rank, (r, world, port, shape, tokens, args.iters, args.warmup)) for r in range(world)]
         gathered = _spawn(targets, args.timeout)
@@ -485,6 +495,16 @@ def run(args: argparse.Namespace) -> int:
                     f"{'ok' if r['ok'] else 'FAIL'} ({r['rel_err']:.1e})",
                 ]
             )
+        if where is not None and where.shared:  # latencies mean nothing when ranks share a GPU
+            from mori_core.bench.ep.measure import timing_columns_note
+
+            print_table(
+                f"EP{world}: one MoE layer, correctness only; {where.describe()}",
+                ["tokens/rank", "recv rows (max)", "check (rel err)"],
+                [[t[0], t[1], t[-1]] for t in table],
+                note=timing_columns_note(where),
+            )
+            continue
         print_table(
             f"EP{world}: one MoE layer (us, median over iterations of the slowest rank); FFN: {gathered[0]['ffn']}",
             [

@@ -4,8 +4,8 @@ A dispatch or combine call must cost a few microseconds of host time: eager call
 every framework path that is not graph-captured) pay it on every MoE layer, and at small
 batches it is larger than the kernel. So the op keeps, per (dtype, hidden size), the typed
 views of its output buffers and the row size; per (kernel, tokens, overrides) the resolved
-launch parameters; and it reads the current CUDA stream through torch's raw-stream accessor
-instead of building a ``torch.cuda.Stream`` object. Validation stays complete: a fast
+launch parameters (a dict in the op); and the engines read the current CUDA stream through
+torch's raw-stream accessor instead of building a ``torch.cuda.Stream`` object. Validation stays complete: a fast
 predicate accepts only arguments that the full validators in :mod:`validation` would accept,
 and anything else goes through those validators, which raise with the argument and the limit.
 """
@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-
-from mori_core.ops.launch_config import LaunchParams, resolve
 
 _raw_stream: Optional[Callable[[int], int]] = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -39,18 +37,11 @@ def current_stream_handle(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def tensor_matches(t: torch.Tensor, dtype: torch.dtype, shape: tuple, device_index: int) -> bool:
-    """True when ``t`` has exactly this dtype and shape, is contiguous and lives on the device.
-
-    Only a fast accept: a False sends the call through the full validators, which say why."""
-    return t.dtype is dtype and t.shape == shape and t.is_contiguous() and t.get_device() == device_index
-
-
 @dataclass(frozen=True)
 class RowBuffer:
     """One output buffer seen as ``[rows, hidden]`` of one dtype (built once, reused)."""
 
-    view: torch.Tensor  # typed view of the op's buffer
+    view: Optional[torch.Tensor]  # typed view of the engine's buffer (None: the engine returns fresh outputs)
     row_bytes: int  # hidden * element size
     dtype_code: int  # combine's dtype code for the kernels (-1 where unused)
 
@@ -60,32 +51,3 @@ def typed_view(buf: torch.Tensor, dtype: torch.dtype, rows: int, cols: int) -> t
     itemsize = torch.empty(0, dtype=dtype).element_size()
     return buf[: rows * cols * itemsize].view(dtype).view(rows, cols)
 
-
-class LaunchCache:
-    """Launch parameters by (kernel, tokens, block_num, warp_per_block), resolved once.
-
-    The AUTO table and the config defaults are fixed for the op's lifetime, so the answer for
-    a key never changes; the number of keys is bounded by the token counts a caller uses."""
-
-    def __init__(
-        self, config_block_num: int, config_warp_per_block: int, sm_count: int, arch_major: int, mode: str, world_size: int
-    ) -> None:
-        self._fixed = (config_block_num, config_warp_per_block, sm_count, arch_major, mode, world_size)
-        self._cache: dict[tuple[str, int, int, int], LaunchParams] = {}
-
-    def get(self, kernel: str, num_tokens: int, block_num: int, warp_per_block: int) -> LaunchParams:
-        """The (block_num, warp_per_block) to launch ``kernel`` with; raises ValueError when out of range."""
-        key = (kernel, num_tokens, block_num, warp_per_block)
-        p = self._cache.get(key)
-        if p is None:
-            cb, cw, sms, arch, mode, world = self._fixed
-            p = resolve(kernel, num_tokens, block_num, warp_per_block, cb, cw, sms, arch, mode, world)
-            max_warps = 512 // 32
-            if not 1 <= p.warp_per_block <= max_warps:
-                raise ValueError(
-                    f"warp_per_block={p.warp_per_block} must be in [1, {max_warps}] (512 threads per block)"
-                )
-            if p.block_num < 1:
-                raise ValueError(f"block_num={p.block_num} must be >= 1")
-            self._cache[key] = p
-        return p

@@ -90,6 +90,20 @@ def resolve(
     )
 
 
+MAX_WARPS_PER_BLOCK = 512 // 32  # the kernels launch at most 512 threads per block
+
+
+def checked_grid(p: LaunchParams) -> LaunchParams:
+    """``p`` when launchable (1..16 warps, at least one block), else ValueError naming the value."""
+    if not 1 <= p.warp_per_block <= MAX_WARPS_PER_BLOCK:
+        raise ValueError(
+            f"warp_per_block={p.warp_per_block} must be in [1, {MAX_WARPS_PER_BLOCK}] (512 threads per block)"
+        )
+    if p.block_num < 1:
+        raise ValueError(f"block_num={p.block_num} must be >= 1")
+    return p
+
+
 # MORI's AUTO table for the inter-node kernel types (its EP guide, "Launch Configuration"):
 # name -> (block_num, rdma_block_num, warp_per_block).
 INTERNODE_AUTO = {

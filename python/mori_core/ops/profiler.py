@@ -123,26 +123,3 @@ def export_to_perfetto(
                    "otherData": {"source": "mori_core EP kernel profiler", "unmatched_events": dropped}}, f)
     return len(spans)
 
-
-class ProfilerMixin:
-    """Profiler access of the GPU op (uses ``_handle``, ``device``)."""
-
-    def get_debug_time_buf(self) -> torch.Tensor:
-        """The kernel profiler's int64 event buffer (a view, filled as kernels run).
-
-        Raises:
-            RuntimeError: in builds without ``MORI_ENABLE_PROFILER``.
-        """
-        if not hasattr(self._handle, "debug_time_buf"):
-            raise NotImplementedError(f"the kernel profiler covers the IntraNode kernels, not {self.config.kernel_type}")
-        ptr, nbytes = self._handle.debug_time_buf()
-        if not ptr:
-            raise RuntimeError(PROFILER_BUILD_HINT)
-        from mori_core.ops.dispatch_combine import _byte_view
-
-        return _byte_view(ptr, nbytes, self.device).view(torch.int64)
-
-    def reset_debug_time_buf(self) -> None:
-        """Clear the recorded events (synchronises the device; no-op without the profiler)."""
-        if hasattr(self._handle, "reset_debug_time_buf"):
-            self._handle.reset_debug_time_buf()

@@ -29,6 +29,10 @@ import torch
 
 from mori_core.ops.config import EpDispatchCombineConfig
 
+# (packed_recv_x [E, T, hidden], packed_recv_count [E] int32, packed_recv_src_info [E, T] int32,
+#  packed_recv_layout_range [E, world] int64): what dispatch_standard_moe returns.
+StdOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
 
 def tokens_per_expert(config: EpDispatchCombineConfig) -> int:
     """Rows reserved per local expert: ``world_size * max_num_inp_token_per_rank`` (MORI's size)."""

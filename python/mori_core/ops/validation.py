@@ -28,6 +28,8 @@ DISPATCH_DTYPES = tuple(
 )
 # Dtypes combine accumulates (fp32 accumulation, result in the input dtype).
 COMBINE_DTYPES = (torch.bfloat16, torch.float32)
+# The kernels' combine dtype codes (EpHandle::Combine: 0 = bf16, 1 = fp32).
+COMBINE_DTYPE_CODES = {torch.bfloat16: 0, torch.float32: 1}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""EPv2 rows of the EP benchmark: ``python -m mori_core.bench ep --v2``.
+"""EPv2 rows of the IntraNode EP benchmark: ``python -m mori_core.bench ep --v2``.
 
 Next to the v1 rows of the same run, per token count: the EPv2 op
 (``mori.ops.dispatch_combine_v2``, over a ``mori.cco.Communicator`` on the already-initialised

@@ -1,4 +1,4 @@
-"""FP8-combine and standard-MoE rows of the EP benchmark.
+"""FP8-combine and standard-MoE rows of the IntraNode EP benchmark.
 
 ``python -m mori_core.bench ep --fp8-combine [--std-moe]`` adds, per token count:
 
@@ -20,6 +20,9 @@ import argparse
 import dataclasses
 import statistics
 from typing import Any, Callable
+
+from mori_core.bench.ep.measure import timing_columns_note
+from mori_core.placement import Placement
 
 STD_MAX_TOKENS = 512
 QUANT_TYPES = ("fp8_direct_cast", "fp8_blockwise")
@@ -137,8 +140,9 @@ def _std_rows(cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: A
     return rows
 
 
-def print_extension_tables(per_rank: dict[int, list[dict]], title: str) -> None:
-    """FP8-combine and standard-MoE tables (rows averaged over ranks; errors: worst rank)."""
+def print_extension_tables(per_rank: dict[int, list[dict]], title: str, where: Placement) -> None:
+    """FP8-combine and standard-MoE tables (rows averaged over ranks; errors: worst rank). With
+    ranks sharing a GPU only the FP8 errors are printed (times mean nothing there)."""
     from mori_core.bench.table import print_table
 
     ranks = sorted(per_rank)
@@ -161,6 +165,12 @@ def print_extension_tables(per_rank: dict[int, list[dict]], title: str) -> None:
             else:
                 table.append([rs[0]["kernel"], rs[0]["tokens"], round(statistics.mean(r["recv"] for r in rs)),
                               statistics.mean(r["eager_us"] for r in rs), us, eff])
+        if where.shared:
+            if kind == "fp8":  # the numerics still count: mode, tokens and the error columns
+                print_table(title + ": FP8 combine vs BF16 combine (errors only)",
+                            ["combine", "mode", "tokens", "rel L2 err vs bf16", "max abs err"],
+                            [[r[0], r[1], r[2], r[-2], r[-1]] for r in table], note=timing_columns_note(where))
+            continue
         if kind == "fp8":
             print_table(title + ": FP8 combine vs BF16 combine (same run, same routing and expert outputs)",
                         ["combine", "mode", "tokens", "recv/rank", "rows over link", "blocks x warps", "eager us", "graph us",
