@@ -30,6 +30,11 @@ def free_port() -> int:
 def _worker(rank: int, fn: Callable, world_size: int, port: int, backend: str, kwargs: dict, results: Any) -> None:
     import torch.distributed as dist
 
+    stacks_after = float(os.environ.get("MORI_TEST_STACKS_AFTER_S", "0"))
+    if stacks_after > 0:  # debugging a hang: each rank prints every thread's stack once, then goes on
+        import faulthandler
+
+        faulthandler.dump_traceback_later(stacks_after, repeat=False)
     try:
         if backend == "nccl":  # NCCL when every rank has its own GPU, gloo when they share
             from mori_core.placement import init_rank_process_group

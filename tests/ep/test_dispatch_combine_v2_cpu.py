@@ -4,6 +4,8 @@ against a dense oracle computed independently on every rank."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 import torch
 
@@ -232,3 +234,75 @@ def test_routing_handle_tensors_round_trip() -> None:
     h = EpDispatchRoutingHandle(t, t[:0], t[:0], torch.tensor([5]), torch.arange(5), 3)
     h2 = EpDispatchRoutingHandle.from_tensors(h.tensors(), cur_rank_num_token=3)
     assert h2.cur_rank_num_token == 3 and torch.equal(h2.disp_tok_id_to_src_tok_id_local, torch.arange(5))
+
+
+# ----------------------------------------------------------------------------- views of fixed buffers
+class _FixedBufferEngine:
+    """The GPU engines' output contract on CPU: every call writes into the same buffers and returns
+    the same view objects (the v2 op builds its views of them once). The data come from the real
+    reference engine underneath."""
+
+    def __init__(self, ref: object) -> None:
+        self.ref, self.device = ref, torch.device("cpu")
+        self.disp: Optional[tuple] = None
+        self.comb: Optional[tuple] = None
+
+    def dispatch(self, *args: object, **kwargs: object) -> tuple:
+        res = self.ref.dispatch(*args, **kwargs)
+        if self.disp is None:
+            cap = self.ref.config.max_num_tokens_to_recv()
+            self.disp = tuple(None if t is None else torch.zeros((cap,) + tuple(t.shape[1:]), dtype=t.dtype)
+                              for t in res[:4]) + (torch.zeros(1, dtype=torch.int32),)
+        for buf, t in zip(self.disp, res):
+            if t is not None:
+                buf[: t.shape[0]].copy_(t)
+        return self.disp
+
+    def combine(self, *args: object, **kwargs: object) -> tuple:
+        res = self.ref.combine(*args, **kwargs)
+        if self.comb is None:
+            self.comb = tuple(None if t is None else torch.zeros_like(t) for t in res)
+        for buf, t in zip(self.comb, res):
+            if t is not None:
+                buf.copy_(t)
+        return self.comb
+
+    def get_registered_combine_input_buffer(self, dtype: torch.dtype, hidden: int) -> torch.Tensor:
+        return self.ref.get_registered_combine_input_buffer(dtype, hidden)
+
+    def get_dispatch_src_token_pos(self) -> torch.Tensor:
+        return self.ref.get_dispatch_src_token_pos()
+
+
+def _fixed_buffer_suite(rank: int, world: int) -> None:
+    op = _op(rank, world, max_total_recv_tokens=2 * M)
+    op._engine = _FixedBufferEngine(op._engine)
+    for n, cap in ((12, None), (7, None), (12, 2 * 12), (9, 2 * 12), (3, None)):
+        x, idx, w = _inputs(rank, n)
+        x = x * (n + 1)  # a different payload every round
+        first = op.dispatch(x, w, None, idx, return_routing=True, recv_cap=cap)
+        again = op.dispatch(x, w, None, idx, return_routing=True, recv_cap=cap)
+        # the second call reuses the views; their data are this round's
+        assert all(a is b for a, b in zip(first[:5], again[:5]) if a is not None)
+        out, ow, _, oi, total, h = again
+        assert out.shape[0] == (cap or op.cfg.effective_max_recv) and oi.shape[0] == out.shape[0]
+        t = int(total[0])
+        ref = op._engine.ref.dispatch(x, w, None, idx)
+        k = min(t, out.shape[0])
+        assert torch.equal(out[:k], ref[0][:k]) and torch.equal(oi[:k], ref[3][:k])
+        view = op.combine_in_view()[: out.shape[0]]
+        view[:k].copy_(out[:k])
+        op.dispatch(x, w, None, idx)  # the engine's latest dispatch must be the one combined
+        h = op.dispatch(x, w, None, idx, return_routing=True, recv_cap=cap)[5]
+        comb, cw = op.combine(view, None, None, routing=h)
+        assert comb.shape[0] == n and cw.shape[0] == n
+        want, want_w = _expected_combine(rank, n)
+        torch.testing.assert_close(comb.float(), want * (n + 1), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(cw, want_w, rtol=1e-5, atol=1e-5)
+    op.close()
+
+
+@pytest.mark.timeout(120)
+def test_v2_views_of_fixed_engine_buffers() -> None:
+    """The op's cached views (built once per recv_cap / token count) show every round's data."""
+    run_ranks(_fixed_buffer_suite, 2, backend="gloo", timeout=90)

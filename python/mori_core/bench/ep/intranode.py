@@ -76,7 +76,7 @@ def _host_breakdown(op: Any, x: Any, w: Any, idx: Any, args: argparse.Namespace,
          lambda: _C.ep_launch_dispatch(h, xp, row, n, wp, 0, ip, p.block_num, p.warp_per_block, stream)),
         ("op.dispatch (full Python call)", lambda: op.dispatch(x, w, None, idx)),
         ("native launch_combine (arguments ready)",
-         lambda: _C.ep_launch_combine(h, yp, 0, int(x.shape[1]), int(y.shape[0]), owp, int(out_w.shape[0]), True, ip, n,
+         lambda: _C.ep_launch_combine(h, yp, 0, int(x.shape[1]), int(y.shape[0]), owp, int(out_w.shape[0]), ip, n,
                                       True, pc.block_num, pc.warp_per_block, stream)),
         ("op.combine (full Python call)", lambda: op.combine(y, out_w, idx, use_external_inp_buf=1)),
     ]

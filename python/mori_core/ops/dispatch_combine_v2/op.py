@@ -25,6 +25,7 @@ of a handle, which is built on first access.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional
 
 import torch
@@ -33,6 +34,11 @@ from mori_core.ops.dispatch_combine_v2.config import EpDispatchCombineConfig
 from mori_core.ops.dispatch_combine_v2.routing import EpDispatchRoutingHandle
 
 _BYTE = getattr(torch, "float8_e4m3fn", torch.uint8)  # how fp4 bytes cross the engine (it moves bytes)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Whether two tuples hold the very same objects (the engine returned its cached views again)."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 class EpDispatchCombineOp:
@@ -76,6 +82,13 @@ class EpDispatchCombineOp:
         self._lec = torch.zeros(cfg.num_experts_per_rank, dtype=torch.int32, device=self.dev)
         self._empty = torch.empty(0, dtype=torch.int32, device=self.dev)
         self._launch_cache: dict[int, tuple[int, int, int, int]] = {}
+        self._fp4 = cfg.is_fp4  # the config is not changed after the op is built
+        # The GPU engine returns the same buffer views on every call, so the views of them this op
+        # returns are built once per recv_cap / token count (tensor slicing costs ~1 us a view, and
+        # a dispatch returns five): recv_cap -> (engine outputs, results), num_tokens -> the same.
+        self._dispatch_views: dict[int, tuple[tuple, tuple]] = {}
+        self._combine_views: dict[int, tuple[tuple, tuple]] = {}
+        self._combine_in: Optional[torch.Tensor] = None
         self._closed = False
 
     # ------------------------------------------------------------------ capacity tiers
@@ -93,7 +106,9 @@ class EpDispatchCombineOp:
     def combine_in_view(self) -> torch.Tensor:
         """``[effective_max_recv, hidden]`` combine-dtype buffer combine reads without a copy: write
         expert outputs here (row = dispatch-output row) and pass it (or a leading slice) to combine."""
-        return self._engine.get_registered_combine_input_buffer(self.cfg.combine_dtype, self.cfg.hidden_dim)
+        if self._combine_in is None:
+            self._combine_in = self._engine.get_registered_combine_input_buffer(self.cfg.combine_dtype, self.cfg.hidden_dim)
+        return self._combine_in
 
     def local_expert_count(self) -> torch.Tensor:
         """int32 ``[num_experts_per_rank]``: received (row, local expert) pairs of the latest dispatch
@@ -159,26 +174,29 @@ class EpDispatchCombineOp:
         cap = self._recv_cap if recv_cap is None else self._check_cap(recv_cap)
         cfg = self.cfg
         tokens = input
-        if cfg.is_fp4 and input.dtype == cfg.dispatch_dtype:
+        if self._fp4 and input.dtype == cfg.dispatch_dtype:
             tokens = input.view(_BYTE)
         eng_scales = self._scales_as_dwords(scales)
         n = int(input.shape[0])
         db, dw, _, _ = self._launch(n)
-        out, out_w, out_s, out_i, total = self._engine.dispatch(
-            tokens, weights, eng_scales, indices, block_num=db, warp_per_block=dw
-        )
+        src = self._engine.dispatch(tokens, weights, eng_scales, indices, block_num=db, warp_per_block=dw)
+        out, out_w, out_s, out_i, total = src
         if cap < self._recv_cap and not self.comm.is_gpu and int(total[0]) > cap:
             raise RuntimeError(
                 f"dispatch received {int(total[0])} rows but recv_cap={cap}; the caller's receive bound is too small"
             )
-        if cfg.is_fp4 and out.dtype == _BYTE:
-            out = out.view(cfg.dispatch_dtype)
+        cached = self._dispatch_views.get(cap)
+        if cached is not None and _same(cached[0], src):
+            rows, result = cached[1]
+        else:
+            rows = out.view(cfg.dispatch_dtype) if self._fp4 and out.dtype == _BYTE else out
+            result = (rows[:cap], out_w[:cap], None if out_s is None else out_s[:cap], out_i[:cap], total)
+            self._dispatch_views[cap] = (src, (rows, result))
         self._sequence += 1
         self._last = {
             "sequence": self._sequence, "num_tokens": n, "weights": out_w if weights is not None else None,
-            "indices": out_i[:cap], "total": total, "rows": out, "all_indices": out_i, "packed_x": None,
+            "indices": result[3], "total": total, "rows": rows, "all_indices": out_i, "packed_x": None,
         }
-        result = (out[:cap], out_w[:cap], None if out_s is None else out_s[:cap], out_i[:cap], total)
         if not return_routing:
             return result
         own = indices.clone() if clone_routing else indices
@@ -256,12 +274,18 @@ class EpDispatchCombineOp:
             if input.data_ptr() != rows.data_ptr():
                 n = min(int(input.shape[0]), int(rows.shape[0]))
                 rows[:n].copy_(input[:n])
-        out, out_w = self._engine.combine(
+        src = self._engine.combine(
             rows, w, routing.disp_dest_tok_id_map, block_num=cb, warp_per_block=cw,
             use_external_inp_buf=int(self._push),
         )
         n = last["num_tokens"]
-        return out[:n], (None if out_w is None else out_w[:n])
+        cached = self._combine_views.get(n)
+        if cached is not None and _same(cached[0], src):
+            return cached[1]
+        out, out_w = src
+        result = (out[:n], None if out_w is None else out_w[:n])
+        self._combine_views[n] = (src, result)
+        return result
 
     # ------------------------------------------------------------------ standard MoE
     def convert_dispatch_output(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -298,6 +322,11 @@ class EpDispatchCombineOp:
         if self._closed:
             return
         self._closed = True
+        # drop the views of the engine's buffers so nothing here keeps them alive
+        self._dispatch_views.clear()
+        self._combine_views.clear()
+        self._combine_in = None
+        self._last = None
         close = getattr(self._engine, "close", None)
         if close is not None:
             close()
