@@ -85,6 +85,32 @@ __device__ __forceinline__ void QuantizeRow(const int4* src, uint8_t* dst_row, i
   }
 }
 
+// Reduce step of one lane: sums in fp32, in rank order, the rows of the sources
+// that are `on`, for its vectors v + u * kWarpSize (u < kU, those below v1), and
+// stores them rounded once to the row dtype. `add(acc, r, u)` adds source r's
+// vector u, which the caller has already loaded (all loads in flight first).
+// The accumulators are the caller's, declared next to its loads: an array
+// local to this helper changes how the kernel's registers are allocated.
+template <typename Tag, int kWorld, int kU, typename Add>
+__device__ __forceinline__ void SumSources(float (&acc)[kU][VecTraits<Tag>::kElems], int4* dst,
+                                           const bool (&on)[kWorld], int v, int v1, Add add) {
+  using VT = VecTraits<Tag>;
+#pragma unroll
+  for (int u = 0; u < kU; ++u)
+#pragma unroll
+    for (int e = 0; e < VT::kElems; ++e) acc[u][e] = 0.f;
+#pragma unroll
+  for (int r = 0; r < kWorld; ++r) {
+    if (!on[r]) continue;
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (v + u * kWarpSize < v1) add(acc[u], r, u);
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u)
+    if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, VT::Pack(acc[u]));
+}
+
 template <typename Tag, int kWorld, bool kPush, int kQuant, bool kStd>
 __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs a, CombineParams p) {
   static_assert(!kStd || kPush, "the standard-MoE combine pushes");
@@ -254,20 +280,8 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
             if (v + u * kWarpSize < v1) x[r][u] = LoadPeer(src[r] + v + u * kWarpSize);
         }
         float acc[kU][kE];
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-#pragma unroll
-          for (int e = 0; e < kE; ++e) acc[u][e] = 0.f;
-#pragma unroll
-        for (int r = 0; r < kWorld; ++r) {
-          if (!on[r]) continue;
-#pragma unroll
-          for (int u = 0; u < kU; ++u)
-            if (v + u * kWarpSize < v1) VT::Accumulate(acc[u], x[r][u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-          if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, VT::Pack(acc[u]));
+        SumSources<Tag, kWorld, kU>(acc, dst, on, v, v1,
+                                    [&](float (&a)[kE], int r, int u) { VT::Accumulate(a, x[r][u]); });
       }
     } else {
       // Every source's row in e4m3 (+ block scales); summed in rank order.
@@ -289,20 +303,9 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
           }
         }
         float acc[kQU][kE];
-#pragma unroll
-        for (int u = 0; u < kQU; ++u)
-#pragma unroll
-          for (int e = 0; e < kE; ++e) acc[u][e] = 0.f;
-#pragma unroll
-        for (int r = 0; r < kWorld; ++r) {
-          if (!on[r]) continue;
-#pragma unroll
-          for (int u = 0; u < kQU; ++u)
-            if (v + u * kWarpSize < v1) Fp8Accumulate<kQuant>(acc[u], q[r][u].x, q[r][u].y, sc[r][u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kQU; ++u)
-          if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, VT::Pack(acc[u]));
+        SumSources<Tag, kWorld, kQU>(acc, dst, on, v, v1, [&](float (&a)[kE], int r, int u) {
+          Fp8Accumulate<kQuant>(a, q[r][u].x, q[r][u].y, sc[r][u]);
+        });
       }
     }
     if (part == 0 && use_w && lane < g.topk) {

@@ -1,6 +1,11 @@
 // Device helpers shared by the dispatch and combine kernels: peer addressing,
 // error reporting, bounded flag waits and the "last block to arrive" barrier.
+// The helpers that take the kernel arguments are templates over their type, so
+// that the inter-node kernels use them too with InterArgs (the same buf.sync,
+// buf.error, geo.timeout_ns and peer_delta fields; its peers: the node's GPUs).
 #pragma once
+
+#include <type_traits>
 
 #include "ops/device_primitives.hpp"
 #include "ops/ep_types.hpp"
@@ -10,21 +15,24 @@ namespace mori::ep::dev {
 // Byte distance from this rank's heap to peer pe's. Selected with an unrolled
 // loop so a run-time `pe` never indexes the kernel-parameter array (which
 // would copy the whole argument block to local memory).
-__device__ __forceinline__ int64_t PeerDelta(const EpKernelArgs& a, int pe) {
+template <typename Args>
+__device__ __forceinline__ int64_t PeerDelta(const Args& a, int pe) {
+  constexpr int kPeers = static_cast<int>(std::extent<decltype(Args::peer_delta)>::value);
   int64_t d = 0;
 #pragma unroll
-  for (int i = 0; i < kMaxWorld; ++i)
+  for (int i = 0; i < kPeers; ++i)
     if (i == pe) d = a.peer_delta[i];
   return d;
 }
 
 // Address of `p`'s twin in peer `pe`'s heap.
-template <typename T>
-__device__ __forceinline__ T* Peer(const EpKernelArgs& a, T* p, int pe) {
+template <typename Args, typename T>
+__device__ __forceinline__ T* Peer(const Args& a, T* p, int pe) {
   return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + PeerDelta(a, pe));
 }
 
-__device__ __forceinline__ bool OpFailed(const EpKernelArgs& a) {
+template <typename Args>
+__device__ __forceinline__ bool OpFailed(const Args& a) {
   return *reinterpret_cast<volatile int32_t*>(&a.buf.sync->failed) != 0;
 }
 
@@ -48,8 +56,9 @@ static __device__ __noinline__ void ReportErrorTo(EpSyncState* st, EpErrorRecord
   atomicExch(&st->failed, 1);
 }
 
-__device__ __forceinline__ void ReportError(const EpKernelArgs& a, int32_t code, int32_t phase, int32_t peer,
-                                            int64_t x, int64_t y) {
+template <typename Args>
+__device__ __forceinline__ void ReportError(const Args& a, int32_t code, int32_t phase, int32_t peer, int64_t x,
+                                            int64_t y) {
   ReportErrorTo(a.buf.sync, a.buf.error, code, phase, peer, x, y);
 }
 
@@ -80,8 +89,8 @@ static __device__ __noinline__ bool WaitRoundOn(const uint32_t* flag, uint32_t r
   }
 }
 
-__device__ __forceinline__ bool WaitRound(const EpKernelArgs& a, const uint32_t* flag, uint32_t round, int phase,
-                                          int peer) {
+template <typename Args>
+__device__ __forceinline__ bool WaitRound(const Args& a, const uint32_t* flag, uint32_t round, int phase, int peer) {
   return WaitRoundOn(flag, round, a.geo.timeout_ns, a.buf.sync, a.buf.error, phase, peer);
 }
 

@@ -86,10 +86,9 @@ void BindCommonBuffers(Buffers& b, At at, EpErrorRecord* dev_error) {
   b.error = dev_error;
 }
 
-// The pointer fields of a dispatch launch both families have (DispatchParams, InterDispatchParams).
-template <typename Params>
-void FillDispatchPointers(Params& p, const EpOpConfig& c, uintptr_t input, int row_bytes, int num_tokens,
-                          uintptr_t weights, uintptr_t scales, uintptr_t indices) {
+// The rows of a dispatch launch, which both families' parameters start with (DispatchParams, InterDispatchParams).
+inline void FillDispatchPointers(DispatchRows& p, const EpOpConfig& c, uintptr_t input, int row_bytes, int num_tokens,
+                                 uintptr_t weights, uintptr_t scales, uintptr_t indices) {
   p.input = reinterpret_cast<const uint8_t*>(input);
   p.weights = reinterpret_cast<const float*>(weights);
   p.scales = c.scale_dim > 0 ? reinterpret_cast<const uint8_t*>(scales) : nullptr;

@@ -135,13 +135,19 @@ struct EpKernelArgs {
   EpStdBuffers std;
 };
 
-struct DispatchParams {
+// The rows a dispatch sends: the fields the dispatch parameters of both kernel
+// families start with (DispatchParams, inter::InterDispatchParams), filled by
+// FillDispatchPointers.
+struct DispatchRows {
   const uint8_t* input;
   const float* weights;   // nullable
   const uint8_t* scales;  // nullable
   const int32_t* indices;
   int32_t num_tokens;
   int32_t row_bytes;
+};
+
+struct DispatchParams : DispatchRows {
   int32_t standard_moe;   // 1: write rows straight into the destinations' 3-D standard-MoE layout
 };
 

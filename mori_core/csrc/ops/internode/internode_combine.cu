@@ -12,23 +12,10 @@
 //   node (summed the same way from the node peers) and the partials received
 //   from the other nodes are summed in fp32 in ascending node order and
 //   rounded once. Weights rows are summed the same way, in fp32 throughout.
-#include <nvshmem.h>
-#include <nvshmemx.h>
-
 #include "ops/internode/internode_device.cuh"
-#include "ops/internode/internode_kernels.hpp"
 
 namespace mori::ep::inter {
 namespace dev {
-
-using mori::ep::dev::ArriveLast;
-using mori::ep::dev::Bf16Tag;
-using mori::ep::dev::FenceSys;
-using mori::ep::dev::LoadPeer;
-using mori::ep::dev::LoadStream;
-using mori::ep::dev::Store16;
-using mori::ep::dev::StoreReleaseSys;
-using mori::ep::dev::VecTraits;
 
 __device__ __forceinline__ size_t CombRegion(const InterGeometry& g, int par, int node) {
   return (static_cast<size_t>(par) * g.nodes + node) * g.max_tok * g.comb_stride_cap;
@@ -38,17 +25,18 @@ __global__ void __launch_bounds__(kMaxThreads) CombinePrepKernel(InterArgs a, In
   __shared__ int s_flag;
   const InterGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
-  if (Failed(a)) return;
+  if (OpFailed(a)) return;
   const uint32_t round = st->combine_epoch + 1;
   int total = st->total_recv;
   if (p.push && total > p.input_rows) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) Report(a, kErrCombineRows, kPhaseCombineSend, -1, total, p.input_rows);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+      ReportError(a, kErrCombineRows, kPhaseCombineSend, -1, total, p.input_rows);
     total = 0;
   }
   const bool use_w = p.weights != nullptr;
   if (use_w && total > p.weight_rows) {
     if (blockIdx.x == 0 && threadIdx.x == 0)
-      Report(a, kErrCombineWeightRows, kPhaseCombineSend, -1, total, p.weight_rows);
+      ReportError(a, kErrCombineWeightRows, kPhaseCombineSend, -1, total, p.weight_rows);
     total = 0;
   }
   const size_t nthreads = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -66,7 +54,7 @@ __global__ void __launch_bounds__(kMaxThreads) CombinePrepKernel(InterArgs a, In
   if (!ArriveLast(&a.buf.arrive[kArriveCombinePrep], &s_flag)) return;
   if (static_cast<int>(threadIdx.x) < g.gpn) {
     FenceSys();
-    StoreReleaseSys(OnPeer(a, a.buf.combine_flags + g.local, threadIdx.x), round);
+    StoreReleaseSys(Peer(a, a.buf.combine_flags + g.local, threadIdx.x), round);
   }
 }
 
@@ -74,7 +62,7 @@ __global__ void __launch_bounds__(kMaxThreads) CombinePrepKernel(InterArgs a, In
 __device__ __forceinline__ bool WaitNodePeers(const InterArgs& a, uint32_t round, int phase) {
   bool ok = true;
   if (static_cast<int>(threadIdx.x) < a.geo.gpn)
-    ok = WaitLocalRound(a, a.buf.combine_flags + threadIdx.x, round, phase, a.geo.node * a.geo.gpn + threadIdx.x);
+    ok = WaitRound(a, a.buf.combine_flags + threadIdx.x, round, phase, a.geo.node * a.geo.gpn + threadIdx.x);
   return __syncthreads_and(ok);
 }
 
@@ -90,8 +78,8 @@ __device__ __forceinline__ int4 NodePartial(const InterArgs& a, const int32_t (&
 #pragma unroll
   for (int l = 0; l < kMaxLocal; ++l) {
     if (slot[l] < 0) continue;
-    const int4* src = reinterpret_cast<const int4*>(OnPeer(a, a.buf.combine_inp, l) +
-                                                    static_cast<size_t>(slot[l]) * row_bytes);
+    const int4* src =
+        reinterpret_cast<const int4*>(Peer(a, a.buf.combine_inp, l) + static_cast<size_t>(slot[l]) * row_bytes);
     VT::Accumulate(acc, LoadPeer(src + v));
   }
   return VT::Pack(acc);
@@ -101,7 +89,7 @@ __device__ __forceinline__ float NodeWeight(const InterArgs& a, const int32_t (&
   float w = 0.f;
 #pragma unroll
   for (int l = 0; l < kMaxLocal; ++l)
-    if (slot[l] >= 0) w += OnPeer(a, a.buf.combine_inp_weights, l)[static_cast<size_t>(slot[l]) * a.geo.topk + k];
+    if (slot[l] >= 0) w += Peer(a, a.buf.combine_inp_weights, l)[static_cast<size_t>(slot[l]) * a.geo.topk + k];
   return w;
 }
 
@@ -111,9 +99,8 @@ __global__ void __launch_bounds__(kMaxThreads) CombineSendKernel(InterArgs a, In
   __shared__ int s_flag;
   const InterGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
-  if (Failed(a)) return;
-  const uint32_t round = st->combine_epoch + 1;
-  const int par = round & 1;
+  if (OpFailed(a)) return;
+  const auto [round, par] = NextRound(st->combine_epoch);
   if (!WaitNodePeers(a, round, kPhaseCombineSend)) return;
   const int lane = mori::ep::dev::LaneId(), nwarps = blockDim.x / kWarpSize;
   const int gwarp = blockIdx.x * nwarps + threadIdx.x / kWarpSize, total_warps = gridDim.x * nwarps;
@@ -151,16 +138,9 @@ __global__ void __launch_bounds__(kMaxThreads) CombineSendKernel(InterArgs a, In
   const int warp = threadIdx.x / kWarpSize;
   for (int m = warp; m < g.nodes; m += nwarps) {
     if (m == g.node) continue;
-    const int rows = a.buf.recv_rows[m];
-    const int pe = m * g.gpn + g.local;
-    uint64_t* sig = a.buf.net_comb_sig + par * g.nodes + g.node;
-    const uint64_t value = SignalValue(round, static_cast<uint32_t>(rows));
-    if (rows > 0)
-      nvshmemx_putmem_signal_nbi_warp(a.buf.net_comb_recv + CombRegion(g, par, g.node),
-                                      a.buf.net_comb_send + CombRegion(g, par, m), static_cast<size_t>(rows) * p.stride,
-                                      sig, value, NVSHMEM_SIGNAL_SET, pe);
-    else if (lane == 0)
-      nvshmemx_signal_op(sig, value, NVSHMEM_SIGNAL_SET, pe);
+    PutRowsWithSignal(a.buf.net_comb_recv + CombRegion(g, par, g.node), a.buf.net_comb_send + CombRegion(g, par, m),
+                      a.buf.recv_rows[m], p.stride, a.buf.net_comb_sig + par * g.nodes + g.node, round,
+                      m * g.gpn + g.local, lane);
   }
 }
 
@@ -170,9 +150,8 @@ __global__ void __launch_bounds__(kMaxThreads) CombineRecvKernel(InterArgs a, In
   __shared__ int s_flag;
   const InterGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
-  if (Failed(a)) return;
-  const uint32_t round = st->combine_epoch + 1;
-  const int par = round & 1;
+  if (OpFailed(a)) return;
+  const auto [round, par] = NextRound(st->combine_epoch);
   bool ok = true;
   for (int m = threadIdx.x; m < g.nodes; m += blockDim.x) {
     if (m == g.node) continue;
@@ -191,8 +170,8 @@ __global__ void __launch_bounds__(kMaxThreads) CombineRecvKernel(InterArgs a, In
     const uint64_t routed = RankMask(p.indices + static_cast<size_t>(t) * g.topk, g);
     const uint64_t sent = a.buf.token_mask[t];
     if (routed != sent && part == 0 && lane == 0)
-      Report(a, kErrRoutingMismatch, kPhaseCombineRecv, -1, t,
-             static_cast<int64_t>(((routed & 0xffffffffull) << 32) | (sent & 0xffffffffull)));
+      ReportError(a, kErrRoutingMismatch, kPhaseCombineRecv, -1, t,
+                  static_cast<int64_t>(((routed & 0xffffffffull) << 32) | (sent & 0xffffffffull)));
     int32_t slot[kMaxLocal];
 #pragma unroll
     for (int l = 0; l < kMaxLocal; ++l)
@@ -236,26 +215,19 @@ __global__ void __launch_bounds__(kMaxThreads) CombineRecvKernel(InterArgs a, In
 
 void LaunchCombinePrep(const InterArgs& args, const InterCombineParams& params, int blocks, int warps,
                        cudaStream_t stream) {
-  dev::CombinePrepKernel<<<blocks, warps * dev::kWarpSize, 0, stream>>>(args, params);
-  MORI_GPU_CHECK(cudaGetLastError());
+  LaunchKernel(dev::CombinePrepKernel, args, params, blocks, warps, stream);
 }
 
 void LaunchCombineSend(const InterArgs& args, const InterCombineParams& params, int dtype, int blocks, int warps,
                        cudaStream_t stream) {
-  if (dtype == 0)
-    dev::CombineSendKernel<dev::Bf16Tag><<<blocks, warps * dev::kWarpSize, 0, stream>>>(args, params);
-  else
-    dev::CombineSendKernel<float><<<blocks, warps * dev::kWarpSize, 0, stream>>>(args, params);
-  MORI_GPU_CHECK(cudaGetLastError());
+  LaunchKernel(dtype == 0 ? dev::CombineSendKernel<dev::Bf16Tag> : dev::CombineSendKernel<float>, args, params, blocks,
+               warps, stream);
 }
 
 void LaunchCombineRecv(const InterArgs& args, const InterCombineParams& params, int dtype, int blocks, int warps,
                        cudaStream_t stream) {
-  if (dtype == 0)
-    dev::CombineRecvKernel<dev::Bf16Tag><<<blocks, warps * dev::kWarpSize, 0, stream>>>(args, params);
-  else
-    dev::CombineRecvKernel<float><<<blocks, warps * dev::kWarpSize, 0, stream>>>(args, params);
-  MORI_GPU_CHECK(cudaGetLastError());
+  LaunchKernel(dtype == 0 ? dev::CombineRecvKernel<dev::Bf16Tag> : dev::CombineRecvKernel<float>, args, params, blocks,
+               warps, stream);
 }
 
 }  // namespace mori::ep::inter

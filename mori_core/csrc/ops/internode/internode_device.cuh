@@ -1,34 +1,47 @@
-// Device helpers of the inter-node kernels: routing masks, node-peer addressing,
-// bounded waits on NVSHMEM signal words, and the block-wide slot reservation on
-// node peers (the IntraNode scheme: one system-scope atomic per (block, peer)).
-// The spin-waits, error reporting and "last block" barrier are IntraNode's
-// (ops/ep_device_common.hpp).
+// Device helpers of the inter-node kernels: routing masks, the put-with-signal
+// of staged network rows, bounded waits on NVSHMEM signal words, the
+// block-wide slot reservation on node peers (the IntraNode scheme: one
+// system-scope atomic per (block, peer)), and the kernels' launch. Node-peer
+// addressing, the spin-waits, error reporting and the "last block" barrier are
+// IntraNode's (ops/ep_device_common.hpp), used here with InterArgs: its peers
+// are the GPUs of this node.
 #pragma once
 
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
 #include "ops/ep_device_common.hpp"
+#include "ops/internode/internode_kernels.hpp"
 #include "ops/internode/internode_types.hpp"
 
 namespace mori::ep::inter::dev {
 
+using mori::ep::dev::ArriveLast;
+using mori::ep::dev::Bf16Tag;
+using mori::ep::dev::CopySmall;
+using mori::ep::dev::FenceSys;
 using mori::ep::dev::kWarpSize;
+using mori::ep::dev::LoadPeer;
+using mori::ep::dev::LoadStream;
+using mori::ep::dev::OpFailed;
+using mori::ep::dev::Peer;
+using mori::ep::dev::ReportError;
+using mori::ep::dev::Store16;
+using mori::ep::dev::StoreReleaseSys;
+using mori::ep::dev::VecTraits;
+using mori::ep::dev::WaitRound;
 
-// Byte distance to node peer l's heap, selected with an unrolled loop so a
-// run-time index never spills the argument block to local memory.
-__device__ __forceinline__ int64_t LocalDelta(const InterArgs& a, int l) {
-  int64_t d = 0;
-#pragma unroll
-  for (int i = 0; i < kMaxLocal; ++i)
-    if (i == l) d = a.peer_delta[i];
-  return d;
-}
+// The round a launch works on: one past the last completed round of its phase
+// (`epoch`), and its parity, which selects the half of the double-buffered
+// state (slot counters, network areas, signal words) that the round uses.
+struct Round {
+  uint32_t round;
+  int par;
+};
 
-template <typename T>
-__device__ __forceinline__ T* OnPeer(const InterArgs& a, T* p, int l) {
-  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + LocalDelta(a, l));
-}
-
-__device__ __forceinline__ bool Failed(const InterArgs& a) {
-  return *reinterpret_cast<volatile int32_t*>(&a.buf.sync->failed) != 0;
+__device__ __forceinline__ Round NextRound(uint32_t epoch) {
+  const uint32_t round = epoch + 1;
+  return {round, static_cast<int>(round & 1)};
 }
 
 __device__ __forceinline__ uint64_t RankMask(const int32_t* ids, const InterGeometry& g) {
@@ -59,6 +72,18 @@ __device__ __forceinline__ uint64_t SignalValue(uint32_t round, uint32_t rows) {
   return (static_cast<uint64_t>(round) << 32) | rows;
 }
 
+// Warp-collective: puts `rows` rows of `stride` bytes from src to dst on `pe`,
+// then sets `pe`'s signal word `sig` to (round, rows); with no rows only the
+// signal is set (every peer node waits for one, with 0 rows too).
+__device__ __forceinline__ void PutRowsWithSignal(uint8_t* dst, const uint8_t* src, int rows, int stride, uint64_t* sig,
+                                                  uint32_t round, int pe, int lane) {
+  const uint64_t value = SignalValue(round, static_cast<uint32_t>(rows));
+  if (rows > 0)
+    nvshmemx_putmem_signal_nbi_warp(dst, src, static_cast<size_t>(rows) * stride, sig, value, NVSHMEM_SIGNAL_SET, pe);
+  else if (lane == 0)
+    nvshmemx_signal_op(sig, value, NVSHMEM_SIGNAL_SET, pe);
+}
+
 // Waits until the signal word carries `round` (upper 32 bits), bounded by the
 // op's timeout; returns the row count (lower 32 bits) or -1 after reporting
 // the missing peer (or when another wait of the op already failed).
@@ -81,16 +106,6 @@ static __device__ __noinline__ int WaitSignal(const uint64_t* sig, uint32_t roun
       return -1;
     }
   }
-}
-
-__device__ __forceinline__ bool WaitLocalRound(const InterArgs& a, const uint32_t* flag, uint32_t round, int phase,
-                                               int peer) {
-  return mori::ep::dev::WaitRoundOn(flag, round, a.geo.timeout_ns, a.buf.sync, a.buf.error, phase, peer);
-}
-
-__device__ __forceinline__ void Report(const InterArgs& a, int32_t code, int32_t phase, int32_t peer, int64_t x,
-                                       int64_t y) {
-  mori::ep::dev::ReportErrorTo(a.buf.sync, a.buf.error, code, phase, peer, x, y);
 }
 
 // Shared memory of ReserveOnNodePeers.
@@ -122,7 +137,7 @@ __device__ __forceinline__ void ReserveOnNodePeers(const InterArgs& a, uint32_t 
       sm.warp_off[w * kMaxLocal + tid] = run;
       run += c;
     }
-    sm.base[tid] = run > 0 ? mori::ep::dev::AtomicAddSys(OnPeer(a, counter, tid), run) : 0;
+    sm.base[tid] = run > 0 ? mori::ep::dev::AtomicAddSys(Peer(a, counter, tid), run) : 0;
   }
   __syncthreads();
 #pragma unroll
@@ -131,7 +146,7 @@ __device__ __forceinline__ void ReserveOnNodePeers(const InterArgs& a, uint32_t 
     if ((bits >> l) & 1u) {
       s = sm.base[l] + sm.warp_off[warp * kMaxLocal + l] + prefix[l];
       if (s >= a.geo.max_recv) {
-        Report(a, kErrSendOverflow, phase, a.geo.node * a.geo.gpn + l, s, a.geo.max_recv);
+        ReportError(a, kErrSendOverflow, phase, a.geo.node * a.geo.gpn + l, s, a.geo.max_recv);
         s = -1;
       }
     }
@@ -140,17 +155,21 @@ __device__ __forceinline__ void ReserveOnNodePeers(const InterArgs& a, uint32_t 
   __syncthreads();  // warp_off/base are reused by the next round
 }
 
-// Copies `bytes` (a multiple of 4) with 16-byte accesses where both sides allow.
-__device__ __forceinline__ void WarpCopy(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
-  const uintptr_t align = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes;
-  if ((align & 15) == 0) {
-    for (int i = lane; i < bytes / 16; i += kWarpSize)
-      reinterpret_cast<int4*>(dst)[i] = reinterpret_cast<const int4*>(src)[i];
-  } else if ((align & 3) == 0) {
-    for (int i = lane; i < bytes / 4; i += kWarpSize)
-      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
-  } else {
-    for (int i = lane; i < bytes; i += kWarpSize) dst[i] = src[i];
+// ReserveOnNodePeers for a block's batch of rows (this thread's row, if
+// has_row, goes to the node peers in `bits`), recording the row's slots in
+// row_slot (shared: read by the warp that copies the row) and in
+// table[at + l] for the node peers l < gpn (read by the combine).
+__device__ __forceinline__ void ReserveRow(const InterArgs& a, uint32_t bits, int32_t* counter, ReserveSmem& sm,
+                                           bool has_row, int32_t (&row_slot)[kMaxLocal], int32_t* table, size_t at,
+                                           int phase) {
+  int32_t slot[kMaxLocal];
+  ReserveOnNodePeers(a, bits, counter, sm, slot, phase);
+  if (has_row) {
+#pragma unroll
+    for (int l = 0; l < kMaxLocal; ++l) {
+      row_slot[l] = slot[l];
+      if (l < a.geo.gpn) table[at + l] = slot[l];
+    }
   }
 }
 
@@ -167,3 +186,16 @@ struct Split {
 };
 
 }  // namespace mori::ep::inter::dev
+
+namespace mori::ep::inter {
+
+// Launches one inter-node kernel with `warps` warps per block on `stream` and
+// checks the launch.
+template <typename Params>
+void LaunchKernel(void (*kernel)(InterArgs, Params), const InterArgs& args, const Params& params, int blocks, int warps,
+                  cudaStream_t stream) {
+  kernel<<<blocks, warps * dev::kWarpSize, 0, stream>>>(args, params);
+  MORI_GPU_CHECK(cudaGetLastError());
+}
+
+}  // namespace mori::ep::inter

@@ -13,21 +13,10 @@
 //   waits (bounded) for every other node's signal, forwards each received row
 //   to its destination ranks on this node over NVLink, then the node barrier:
 //   the receive count is final and published as total_recv.
-#include <nvshmem.h>
-#include <nvshmemx.h>
-
 #include "ops/internode/internode_device.cuh"
-#include "ops/internode/internode_kernels.hpp"
 
 namespace mori::ep::inter {
 namespace dev {
-
-using mori::ep::dev::ArriveLast;
-using mori::ep::dev::FenceSys;
-using mori::ep::dev::LoadPeer;
-using mori::ep::dev::LoadStream;
-using mori::ep::dev::Store16;
-using mori::ep::dev::StoreReleaseSys;
 
 __device__ __forceinline__ size_t NetRegion(const InterGeometry& g, int par, int node, int stride_cap) {
   return (static_cast<size_t>(par) * g.nodes + node) * g.max_tok * stride_cap;
@@ -40,11 +29,11 @@ __device__ __forceinline__ void WriteMeta(const InterArgs& a, int l, int slot, c
   const InterGeometry& g = a.geo;
   const size_t s = static_cast<size_t>(slot);
   if (lane < g.topk) {
-    OnPeer(a, a.buf.dispatch_out_weights, l)[s * g.topk + lane] = w ? w[lane] : 0.f;
-    OnPeer(a, a.buf.dispatch_out_indices, l)[s * g.topk + lane] = ids[lane];
+    Peer(a, a.buf.dispatch_out_weights, l)[s * g.topk + lane] = w ? w[lane] : 0.f;
+    Peer(a, a.buf.dispatch_out_indices, l)[s * g.topk + lane] = ids[lane];
   }
-  if (scales) WarpCopy(OnPeer(a, a.buf.dispatch_out_scales, l) + s * g.scale_bytes, scales, g.scale_bytes, lane);
-  if (lane == 0) OnPeer(a, a.buf.src_pos, l)[s] = src_pos;
+  if (scales) CopySmall(Peer(a, a.buf.dispatch_out_scales, l) + s * g.scale_bytes, scales, g.scale_bytes, lane);
+  if (lane == 0) Peer(a, a.buf.src_pos, l)[s] = src_pos;
 }
 
 struct SendSmem {
@@ -56,10 +45,8 @@ struct SendSmem {
 __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a, InterDispatchParams p) {
   __shared__ SendSmem sm;
   const InterGeometry& g = a.geo;
-  EpSyncState* st = a.buf.sync;
-  if (Failed(a)) return;
-  const uint32_t round = st->dispatch_epoch + 1;
-  const int par = round & 1;
+  if (OpFailed(a)) return;
+  const auto [round, par] = NextRound(a.buf.sync->dispatch_epoch);
   int32_t* counter = a.buf.recv_counter + par;
   const int T = blockDim.x, tid = threadIdx.x, lane = mori::ep::dev::LaneId();
   const int warp = tid / kWarpSize, nwarps = T / kWarpSize;
@@ -91,17 +78,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a
         }
       }
     }
-    if (do_local) {
-      int32_t slot[kMaxLocal];
-      ReserveOnNodePeers(a, tid < cnt ? LocalBits(mask, g) : 0u, counter, sm.reserve, slot, kPhaseDispatchSend);
-      if (tid < cnt) {
-#pragma unroll
-        for (int l = 0; l < kMaxLocal; ++l) {
-          sm.slot[tid][l] = slot[l];
-          if (l < g.gpn) a.buf.local_slot[static_cast<size_t>(r0 + tid) * g.gpn + l] = slot[l];
-        }
-      }
-    }
+    if (do_local)
+      ReserveRow(a, tid < cnt ? LocalBits(mask, g) : 0u, counter, sm.reserve, tid < cnt, sm.slot[tid], a.buf.local_slot,
+                 static_cast<size_t>(r0 + tid) * g.gpn, kPhaseDispatchSend);
     __syncthreads();
 
     // Copy (token, slice) items: the row is loaded once and stored to every
@@ -116,7 +95,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a
       for (int l = 0; l < kMaxLocal; ++l) {
         const int s = do_local && l < g.gpn ? sm.slot[li][l] : -1;
         on[l] = s >= 0;
-        dst[l] = reinterpret_cast<int4*>(OnPeer(a, a.buf.dispatch_out, l) + static_cast<size_t>(max(s, 0)) * p.row_bytes);
+        dst[l] = reinterpret_cast<int4*>(Peer(a, a.buf.dispatch_out, l) + static_cast<size_t>(max(s, 0)) * p.row_bytes);
       }
       const int4* src = reinterpret_cast<const int4*>(p.input + t * p.row_bytes);
       const int v0 = part * sp.vpp, v1 = min(vecs, v0 + sp.vpp);
@@ -151,7 +130,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a
             reinterpret_cast<float*>(row + L.weights)[lane] = w ? w[lane] : 0.f;
             reinterpret_cast<int32_t*>(row + L.indices)[lane] = ids[lane];
           }
-          if (sc) WarpCopy(row + L.scales, sc, g.scale_bytes, lane);
+          if (sc) CopySmall(row + L.scales, sc, g.scale_bytes, lane);
           if (lane == 0) *reinterpret_cast<int32_t*>(row + L.src_pos) = pos;
         }
       }
@@ -164,20 +143,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a
   for (int m = warp; m < g.nodes; m += nwarps) {
     if (m == g.node) continue;
     const int rows = *reinterpret_cast<volatile int32_t*>(&a.buf.net_counter[m]);
-    const int pe = m * g.gpn + g.local;
-    const size_t peer_region = NetRegion(g, par, g.node, g.disp_stride_cap);
-    uint64_t* sig = a.buf.net_disp_sig + par * g.nodes + g.node;
-    const uint64_t value = SignalValue(round, static_cast<uint32_t>(rows));
-    if (rows > 0)
-      nvshmemx_putmem_signal_nbi_warp(a.buf.net_recv + peer_region,
-                                      a.buf.net_send + NetRegion(g, par, m, g.disp_stride_cap),
-                                      static_cast<size_t>(rows) * p.stride, sig, value, NVSHMEM_SIGNAL_SET, pe);
-    else if (lane == 0)
-      nvshmemx_signal_op(sig, value, NVSHMEM_SIGNAL_SET, pe);
+    PutRowsWithSignal(a.buf.net_recv + NetRegion(g, par, g.node, g.disp_stride_cap),
+                      a.buf.net_send + NetRegion(g, par, m, g.disp_stride_cap), rows, p.stride,
+                      a.buf.net_disp_sig + par * g.nodes + g.node, round, m * g.gpn + g.local, lane);
     __syncwarp();
     if (lane == 0) a.buf.net_counter[m] = 0;
   }
-  if (tid == 0) st->dispatch_tokens = n;
+  if (tid == 0) a.buf.sync->dispatch_tokens = n;
 }
 
 struct RecvSmem {
@@ -192,9 +164,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
   __shared__ RecvSmem sm;
   const InterGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
-  if (Failed(a)) return;
-  const uint32_t round = st->dispatch_epoch + 1;
-  const int par = round & 1;
+  if (OpFailed(a)) return;
+  const auto [round, par] = NextRound(st->dispatch_epoch);
   int32_t* counter = a.buf.recv_counter + par;
   const int T = blockDim.x, tid = threadIdx.x, lane = mori::ep::dev::LaneId();
   const int warp = tid / kWarpSize, nwarps = T / kWarpSize;
@@ -209,7 +180,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
       rows = WaitSignal(a.buf.net_disp_sig + par * g.nodes + m, round, g.timeout_ns, st, a.buf.error,
                         kPhaseDispatchRecv, m * g.gpn + g.local);
       if (rows < 0 || rows > g.max_tok) {
-        if (rows > g.max_tok) Report(a, kErrRecvOverflow, kPhaseDispatchRecv, m * g.gpn + g.local, rows, g.max_tok);
+        if (rows > g.max_tok)
+          ReportError(a, kErrRecvOverflow, kPhaseDispatchRecv, m * g.gpn + g.local, rows, g.max_tok);
         ok = false;
         rows = 0;
       }
@@ -244,15 +216,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
           a.buf.net_recv + NetRegion(g, par, src_node, g.disp_stride_cap) + static_cast<size_t>(j) * p.stride;
       bits = LocalBits(RankMask(reinterpret_cast<const int32_t*>(row + L.indices), g), g);
     }
-    int32_t slot[kMaxLocal];
-    ReserveOnNodePeers(a, bits, counter, sm.reserve, slot, kPhaseDispatchRecv);
-    if (tid < cnt) {
-#pragma unroll
-      for (int l = 0; l < kMaxLocal; ++l) {
-        sm.slot[tid][l] = slot[l];
-        if (l < g.gpn) a.buf.fwd_slot[(static_cast<size_t>(src_node) * g.max_tok + j) * g.gpn + l] = slot[l];
-      }
-    }
+    ReserveRow(a, bits, counter, sm.reserve, tid < cnt, sm.slot[tid], a.buf.fwd_slot,
+               (static_cast<size_t>(src_node) * g.max_tok + j) * g.gpn, kPhaseDispatchRecv);
     __syncthreads();
     const Split sp(cnt, nwarps, vecs);
     for (int item = warp; item < sp.items; item += nwarps) {
@@ -268,7 +233,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
       for (int l = 0; l < kMaxLocal; ++l) {
         const int s = l < g.gpn ? sm.slot[li][l] : -1;
         on[l] = s >= 0;
-        dst[l] = reinterpret_cast<int4*>(OnPeer(a, a.buf.dispatch_out, l) + static_cast<size_t>(max(s, 0)) * p.row_bytes);
+        dst[l] = reinterpret_cast<int4*>(Peer(a, a.buf.dispatch_out, l) + static_cast<size_t>(max(s, 0)) * p.row_bytes);
       }
       const int v0 = part * sp.vpp, v1 = min(vecs, v0 + sp.vpp);
       for (int v = v0 + lane; v < v1; v += kWarpSize) {
@@ -293,16 +258,16 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
   if (!ArriveLast(&a.buf.arrive[kArriveDispatchRecv], &sm.flag)) return;
   if (tid < g.gpn) {
     FenceSys();
-    StoreReleaseSys(OnPeer(a, a.buf.dispatch_flags + g.local, tid), round);
+    StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.local, tid), round);
   }
   ok = true;
-  if (tid < g.gpn) ok = WaitLocalRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatchRecv, g.node * g.gpn + tid);
+  if (tid < g.gpn) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatchRecv, g.node * g.gpn + tid);
   if (!__syncthreads_and(ok)) return;
   if (tid == 0) {
     int total = *reinterpret_cast<volatile int32_t*>(counter);
     *counter = 0;
     if (total > g.max_recv) {
-      Report(a, kErrRecvOverflow, kPhaseDispatchRecv, -1, total, g.max_recv);
+      ReportError(a, kErrRecvOverflow, kPhaseDispatchRecv, -1, total, g.max_recv);
       total = g.max_recv;
     }
     st->total_recv = total;
@@ -314,14 +279,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
 
 void LaunchDispatchSend(const InterArgs& args, const InterDispatchParams& params, int blocks, int warps,
                         cudaStream_t stream) {
-  dev::DispatchSendKernel<<<blocks, warps * dev::kWarpSize, 0, stream>>>(args, params);
-  MORI_GPU_CHECK(cudaGetLastError());
+  LaunchKernel(dev::DispatchSendKernel, args, params, blocks, warps, stream);
 }
 
 void LaunchDispatchRecv(const InterArgs& args, const InterDispatchParams& params, int blocks, int warps,
                         cudaStream_t stream) {
-  dev::DispatchRecvKernel<<<blocks, warps * dev::kWarpSize, 0, stream>>>(args, params);
-  MORI_GPU_CHECK(cudaGetLastError());
+  LaunchKernel(dev::DispatchRecvKernel, args, params, blocks, warps, stream);
 }
 
 }  // namespace mori::ep::inter

@@ -89,13 +89,7 @@ struct InterArgs {
   int64_t peer_delta[kMaxLocal];  // byte distance from this rank's IPC heap to node peer l's
 };
 
-struct InterDispatchParams {
-  const uint8_t* input;
-  const float* weights;   // nullable
-  const uint8_t* scales;  // nullable
-  const int32_t* indices;
-  int32_t num_tokens;
-  int32_t row_bytes;
+struct InterDispatchParams : DispatchRows {
   int32_t stride;        // bytes of one network row for this call
   int32_t rdma_blocks;   // blocks [0, rdma_blocks) stage network rows, the rest write node peers (0: all do both)
 };
