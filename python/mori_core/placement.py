@@ -48,10 +48,7 @@ def _parse_ranks_per_gpu(raw: str) -> Optional[int]:
     value = raw.strip().lower()
     if value in ("", "auto"):
         return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"{RANKS_PER_GPU_ENV}={raw!r} must be 'auto' or a positive int") from None
+    n = int(value) if value.isdigit() else 0  # one message for "x", "-2" and "0"
     if n < 1:
         raise ValueError(f"{RANKS_PER_GPU_ENV}={raw!r} must be 'auto' or a positive int")
     return n
