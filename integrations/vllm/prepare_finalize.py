@@ -17,7 +17,7 @@ DeepEP low-latency does. No host synchronisation on this path.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
@@ -34,6 +34,8 @@ from mori_integrations.vllm.token_exchange import BatchedTokens, MoriEpTokenExch
 # Weight-and-reduce implementations finalize knows how to honour.
 _REDUCED_BY_EXPERTS = (TopKWeightAndReduceNoOP,)
 _REDUCED_BY_FINALIZE = (TopKWeightAndReduceDelegate, TopKWeightAndReduceContiguous)
+# What a dispatch of the exchange returns (flat ``ReceivedTokens`` or ``BatchedTokens``).
+_Received = TypeVar("_Received", ReceivedTokens, BatchedTokens)
 
 
 class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
@@ -123,26 +125,40 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
                 )
             a1 = a1 * topk_weights.to(a1.dtype)
         stage = QuantStage.NONE if defer_input_quant else self.quant_plan.stage
-        plan = self.quant_plan
         if self.batched:
             weights = None if apply_router_weight_on_input else topk_weights  # None: combine weighs by 1
             return self._prepare_batched(a1, weights, topk_ids, quant_config, stage)
-        if stage is QuantStage.BEFORE_DISPATCH:
-            a1q, scales = quantize_activations(a1, quant_config, plan)
-            received = self.exchange.dispatch(a1q, topk_weights, topk_ids, scales.reshape(a1q.shape[0], plan.scale_dim))
-            a1q_scale = received.scales
-        elif stage is QuantStage.STATIC_TENSOR:
-            a1q, a1q_scale = quantize_activations(a1, quant_config, plan)
-            received = self.exchange.dispatch(a1q, topk_weights, topk_ids)
-        else:
-            received = self.exchange.dispatch(a1, topk_weights, topk_ids)
-            a1q, a1q_scale = received.hidden_states, None
-            if stage is QuantStage.AFTER_DISPATCH:
-                a1q, a1q_scale = quantize_activations(received.hidden_states, quant_config, plan)
-        if stage is not QuantStage.AFTER_DISPATCH:
-            a1q = received.hidden_states
+        received, a1q_scale = self._quantize_and_dispatch(
+            self.exchange.dispatch, a1, topk_weights, topk_ids, quant_config, stage
+        )
+        a1q = received.hidden_states
+        if stage is QuantStage.AFTER_DISPATCH:
+            a1q, a1q_scale = quantize_activations(received.hidden_states, quant_config, self.quant_plan)
         self._received = received
         return a1q, a1q_scale, None, received.topk_ids, received.topk_weights
+
+    def _quantize_and_dispatch(
+        self,
+        dispatch: Callable[..., _Received],
+        a1: torch.Tensor,
+        weights: Optional[torch.Tensor],
+        topk_ids: torch.Tensor,
+        quant_config: Any,
+        stage: QuantStage,
+    ) -> tuple[_Received, Optional[torch.Tensor]]:
+        """Quantise ``a1`` where ``stage`` is before the dispatch, then ``dispatch`` it (the
+        exchange's flat or batched dispatch). Returns what arrived and the scales of the received
+        rows: the dispatched per-token scales, the static tensor scale, or None (unquantised
+        rows, also for quantisation after the dispatch, which is the caller's)."""
+        plan = self.quant_plan
+        if stage is QuantStage.BEFORE_DISPATCH:
+            a1q, scales = quantize_activations(a1, quant_config, plan)
+            received = dispatch(a1q, weights, topk_ids, scales.reshape(a1q.shape[0], plan.scale_dim))
+            return received, received.scales
+        if stage is QuantStage.STATIC_TENSOR:
+            a1q, scale = quantize_activations(a1, quant_config, plan)
+            return dispatch(a1q, weights, topk_ids), scale
+        return dispatch(a1, weights, topk_ids), None
 
     def _prepare_batched(
         self,
@@ -153,20 +169,12 @@ class MoriPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
         stage: QuantStage,
     ) -> mk.PrepareResultType:
         """Batched-layout prepare: ``(x [E, T, H], scales, ExpertTokensMetadata(counts), None, None)``."""
-        plan = self.quant_plan
-        scale = None
-        if stage is QuantStage.BEFORE_DISPATCH:
-            a1q, scales = quantize_activations(a1, quant_config, plan)
-            received = self.exchange.dispatch_batched(a1q, weights, topk_ids, scales.reshape(a1q.shape[0], plan.scale_dim))
-            scale = received.scales
-        elif stage is QuantStage.STATIC_TENSOR:
-            a1q, scale = quantize_activations(a1, quant_config, plan)
-            received = self.exchange.dispatch_batched(a1q, weights, topk_ids)
-        else:
-            received = self.exchange.dispatch_batched(a1, weights, topk_ids)
+        received, scale = self._quantize_and_dispatch(
+            self.exchange.dispatch_batched, a1, weights, topk_ids, quant_config, stage
+        )
         x = received.hidden_states
         if stage is QuantStage.AFTER_DISPATCH:
-            x, scale = _quantize_received_batched(received, quant_config, plan)
+            x, scale = _quantize_received_batched(received, quant_config, self.quant_plan)
         meta = mk.ExpertTokensMetadata(expert_num_tokens=received.expert_num_tokens, expert_num_tokens_cpu=None)
         return x, scale, meta, None, None
 
@@ -232,8 +240,6 @@ def check_experts_compatible(fused_experts: Any, batched: bool = False) -> None:
     experts. Batched layout: what DeepEP low-latency hands them (per-expert rows and counts;
     weights applied in the combine), so batched experts vLLM refuses behind DeepEP LL are refused.
     """
-    import dataclasses
-
     name = type(fused_experts).__name__
     hint = "choose experts that honour expert_map, e.g. --moe-backend triton"
     if fused_experts.is_monolithic():
@@ -254,14 +260,11 @@ def check_experts_compatible(fused_experts: Any, batched: bool = False) -> None:
             f"all2all_backend='mori_ep': {name} ignores expert_map, so it would compute other ranks' "
             f"experts with this rank's weights ({hint})"
         )
-    parallel = fused_experts.moe_config.moe_parallel_config
-    if dataclasses.is_dataclass(parallel):
-        as_deepep_ht = dataclasses.replace(parallel, all2all_backend="deepep_high_throughput")
-        if not type(fused_experts)._supports_parallel_config(as_deepep_ht):
-            raise ValueError(
-                f"all2all_backend='mori_ep': {name} does not take dispatched tokens with global expert "
-                f"ids (vLLM refuses it behind DeepEP high-throughput for the same reason; {hint})"
-            )
+    if _refused_behind(fused_experts, "deepep_high_throughput"):
+        raise ValueError(
+            f"all2all_backend='mori_ep': {name} does not take dispatched tokens with global expert "
+            f"ids (vLLM refuses it behind DeepEP high-throughput for the same reason; {hint})"
+        )
     impl = fused_experts.finalize_weight_and_reduce_impl()
     if not isinstance(impl, _REDUCED_BY_EXPERTS + _REDUCED_BY_FINALIZE):
         raise ValueError(
@@ -272,23 +275,31 @@ def check_experts_compatible(fused_experts: Any, batched: bool = False) -> None:
 
 def _check_batched_experts(fused_experts: Any, name: str, fmt: Any) -> None:
     """The batched-layout half of :func:`check_experts_compatible`."""
-    import dataclasses
-
     if fmt != mk.FusedMoEActivationFormat.BatchedExperts:
         raise ValueError(
             f"all2all_backend='mori_ep' is in batched layout for this layer but {name} takes Standard-format rows"
         )
-    parallel = fused_experts.moe_config.moe_parallel_config
-    if dataclasses.is_dataclass(parallel):
-        as_deepep_ll = dataclasses.replace(parallel, all2all_backend="deepep_low_latency")
-        if not type(fused_experts)._supports_parallel_config(as_deepep_ll):
-            raise ValueError(
-                f"all2all_backend='mori_ep' (batched layout): {name} does not take DeepEP-low-latency-style batched "
-                "tokens (vLLM refuses it behind DeepEP low-latency for the same reason)"
-            )
+    if _refused_behind(fused_experts, "deepep_low_latency"):
+        raise ValueError(
+            f"all2all_backend='mori_ep' (batched layout): {name} does not take DeepEP-low-latency-style batched "
+            "tokens (vLLM refuses it behind DeepEP low-latency for the same reason)"
+        )
     impl = fused_experts.finalize_weight_and_reduce_impl()
     if not isinstance(impl, TopKWeightAndReduceDelegate):
         raise ValueError(
             f"all2all_backend='mori_ep' (batched layout) applies the gating weights in the combine; {name} asks "
             f"finalize for {type(impl).__name__}"
         )
+
+
+def _refused_behind(fused_experts: Any, all2all_backend: str) -> bool:
+    """Whether vLLM's own check refuses ``fused_experts`` behind ``all2all_backend`` (the DeepEP
+    mode whose tokens mori_ep hands the experts in this layout). False when the layer's parallel
+    config is not a dataclass that can be re-targeted to that backend."""
+    import dataclasses
+
+    parallel = fused_experts.moe_config.moe_parallel_config
+    if not dataclasses.is_dataclass(parallel):
+        return False
+    as_deepep = dataclasses.replace(parallel, all2all_backend=all2all_backend)
+    return not type(fused_experts)._supports_parallel_config(as_deepep)

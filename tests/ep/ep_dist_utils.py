@@ -5,7 +5,9 @@ GPU where there are enough GPUs, otherwise several ranks share a GPU (separate p
 to the same device, gloo instead of NCCL), so EP2/EP4/EP8 run their cross-rank logic on a
 one-GPU machine too. Every run is bounded: a rank that hangs is killed after ``timeout`` seconds and the test fails
 with the ranks' tracebacks. Data generation is deterministic per (seed, rank), so every rank
-can rebuild every other rank's inputs for the oracle without communicating.
+can rebuild every other rank's inputs for the oracle without communicating. Also the pieces the
+EP tests share: every rank's inputs, one-rank configs, combine inputs, CUDA-graph capture
+and replay in a rank.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ import os
 import queue
 import socket
 import traceback
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import torch
 import torch.multiprocessing as mp
+
+if TYPE_CHECKING:
+    from mori_core.ops import EpDispatchCombineConfig
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -170,6 +177,84 @@ def rank_inputs(
     }
 
 
+def all_rank_inputs(
+    seed: int,
+    world: int,
+    counts: list[int],
+    hidden: int,
+    num_experts: int,
+    topk: int,
+    dtype: torch.dtype,
+    scale_dim: int,
+    device: torch.device,
+    min_weight: float = 0.0,
+    repeat_expert: bool = False,
+) -> list[dict[str, Optional[torch.Tensor]]]:
+    """Every rank's inputs on ``device``, the same on every rank (rank r draws from seed
+    ``seed * 100 + r``), so each rank can check what it receives from every other one.
+
+    Per rank, ``counts[r]`` tokens: "x" (clamped to [-6, 6] for 1-byte dtypes, which cannot
+    hold more), "w" gating weights uniform in ``[min_weight, min_weight + 1)``, "s" scales
+    (None without ``scale_dim``) and "idx" top-k ids (5 % dropped, 1 % out of range).
+    ``repeat_expert``: every fourth token lists its first expert again in its last slot.
+    """
+    out = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(seed * 100 + r)
+        n = counts[r]
+        x = torch.randn(n, hidden, generator=g)
+        if dtype.itemsize == 1:
+            x = x.clamp(-6, 6)
+        idx = make_routing(n, num_experts, topk, g, drop_prob=0.05, out_of_range_prob=0.01)
+        if repeat_expert and topk > 1:
+            for t in range(0, n, 4):
+                if idx[t, 0] >= 0:
+                    idx[t, topk - 1] = idx[t, 0]
+        w = torch.rand(n, topk, generator=g)
+        if min_weight:  # no addition at 0: the weights stay bit-identical to the plain draw
+            w = min_weight + w
+        out.append(
+            {
+                "x": x.to(dtype).to(device),
+                "w": w.to(device),
+                "s": torch.rand(n, scale_dim, generator=g).to(device) if scale_dim else None,
+                "idx": idx.to(device),
+            }
+        )
+    return out
+
+
+def single_rank_config(**fields: Any) -> EpDispatchCombineConfig:
+    """An ``EpDispatchCombineConfig`` of one rank: bf16, hidden 128, no scales, 8 tokens, 4
+    experts, top-2. ``fields`` replace any of these or set other config fields."""
+    from mori_core.ops import EpDispatchCombineConfig
+
+    base: dict[str, Any] = dict(
+        data_type=torch.bfloat16,
+        rank=0,
+        world_size=1,
+        hidden_dim=128,
+        scale_dim=0,
+        scale_type_size=4,
+        max_token_type_size=2,
+        max_num_inp_token_per_rank=8,
+        num_experts_per_rank=4,
+        num_experts_per_token=2,
+    )
+    base.update(fields)
+    return EpDispatchCombineConfig(**base)
+
+
+def combine_input(op: Any, y: torch.Tensor, push: bool) -> torch.Tensor:
+    """The experts' outputs ``y`` (one per received row, in order) as combine's input: ``y``
+    itself in push mode, copied into the op's registered buffer in pull (zero-copy) mode."""
+    if push:
+        return y
+    inp = op.get_registered_combine_input_buffer(y.dtype)
+    inp[: y.shape[0]] = y
+    return inp
+
+
 def unique_dest_ranks(indices_row: list[int], num_experts: int, experts_per_rank: int) -> list[int]:
     """Sorted unique destination ranks of one token (the oracle's independent definition)."""
     return sorted({e // experts_per_rank for e in indices_row if 0 <= e < num_experts})
@@ -220,3 +305,35 @@ def init_shmem_default() -> None:
 
     torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
     shmem.shmem_torch_process_group_init("default")
+
+
+def capture_graph(device: torch.device, body: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """In a rank: capture ``body()`` into a CUDA graph on a side stream (as CUDA graphs need).
+
+    Returns the graph and what ``body`` returned (the tensors every replay rewrites). Ends with
+    the device idle and every rank past its capture.
+    """
+    import torch.distributed as dist
+
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = body()
+    torch.cuda.synchronize()
+    dist.barrier()
+    return graph, captured
+
+
+def replay_graph(graph: torch.cuda.CUDAGraph, op: Any, static: dict[str, Any], fresh: dict[str, Any]) -> None:
+    """In a rank: copy ``fresh``'s "x", "w" and "idx" into the captured inputs ``static``, replay
+    ``graph`` once every rank has its new inputs, and raise the op's device-side errors."""
+    import torch.distributed as dist
+
+    for k in ("x", "w", "idx"):
+        static[k].copy_(fresh[k])
+    torch.cuda.synchronize()
+    dist.barrier()  # a rank's replay reads the other ranks' buffers: all inputs must be in place
+    graph.replay()
+    torch.cuda.synchronize()
+    op.check_error()

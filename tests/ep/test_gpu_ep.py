@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any, Callable
 
 import pytest
 import torch
 
-from ep_dist_utils import init_shmem_default, make_routing, need_ranks, rank_device, run_ranks
+from ep_dist_utils import (
+    all_rank_inputs,
+    capture_graph,
+    init_shmem_default,
+    make_routing,
+    need_ranks,
+    rank_device,
+    replay_graph,
+    run_ranks,
+)
 
 pytestmark = [pytest.mark.gpu]
 
@@ -51,24 +61,8 @@ def _config(rank, world, hidden, max_tok, scale_dim=0, max_total_recv=0, push=Tr
 
 
 def _all_inputs(seed, world, counts, hidden, dtype, scale_dim, device):
-    """Every rank's inputs (same on every rank), padded to [world, max(counts)]."""
-    out = []
-    for r in range(world):
-        g = torch.Generator().manual_seed(seed * 100 + r)
-        n = counts[r]
-        x = torch.randn(n, hidden, generator=g)
-        if dtype.itemsize == 1:
-            x = x.clamp(-6, 6)
-        idx = make_routing(n, NUM_EXPERTS, TOPK, g, drop_prob=0.05, out_of_range_prob=0.01)
-        out.append(
-            {
-                "x": x.to(dtype).to(device),
-                "w": torch.rand(n, TOPK, generator=g).to(device),
-                "s": torch.rand(n, scale_dim, generator=g).to(device) if scale_dim else None,
-                "idx": idx.to(device),
-            }
-        )
-    return out
+    """Every rank's inputs (same on every rank) routed over this file's NUM_EXPERTS and TOPK."""
+    return all_rank_inputs(seed, world, counts, hidden, NUM_EXPERTS, TOPK, dtype, scale_dim, device)
 
 
 def _check_dispatch(op, cfg, data, res):
@@ -107,6 +101,79 @@ def _expert(out, n, rank, dtype=torch.bfloat16):
     return (out[:n].to(torch.float32) * (rank + 1)).to(dtype)
 
 
+def _combine_input(
+    op: Any, out: torch.Tensor, n: int, rank: int, comb_dtype: torch.dtype, push: bool, spare_rows: int
+) -> torch.Tensor:
+    """The experts' output of the ``n`` received rows ``out`` as combine input: a fresh tensor with
+    ``spare_rows`` rows past the valid ones (combine must not read them) in push mode, the op's
+    registered buffer in pull (zero-copy) mode."""
+    y = _expert(out, n, rank, comb_dtype)
+    if push:
+        comb_in = torch.zeros(n + spare_rows, out.shape[1], dtype=comb_dtype, device=out.device)
+    else:
+        comb_in = op.get_registered_combine_input_buffer(comb_dtype, out.shape[1])
+    comb_in[:n] = y
+    return comb_in
+
+
+def _reference_combine(
+    ref: Any, cfg: Any, ref_res: tuple, idx: torch.Tensor, like: torch.Tensor, comb_dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference op's combine of its dispatch result ``ref_res`` through the same experts as the
+    GPU op's (``_expert``); ``like`` (the GPU op's dispatch output) gives the width and device."""
+    n = int(ref_res[4][0])
+    ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), like.shape[1], dtype=comb_dtype, device=like.device)
+    ref_in[:n] = _expert(ref_res[0], n, cfg.rank, comb_dtype)
+    return ref.combine(ref_in, ref_res[1], idx, use_external_inp_buf=1)
+
+
+def _assert_combine_equal(
+    comb: torch.Tensor, comb_w: torch.Tensor, ref_comb: torch.Tensor, ref_comb_w: torch.Tensor, ntok: int,
+    what: str = "combine",
+) -> None:
+    """Bit-exact rows and weights of the first ``ntok`` combined tokens against the reference's;
+    the message names ``what`` and the differing tokens."""
+    if not torch.equal(comb[:ntok], ref_comb[:ntok]):
+        d = (comb[:ntok].float() - ref_comb[:ntok].float()).abs()
+        bad = torch.nonzero(d.amax(dim=1)).flatten().tolist()
+        raise AssertionError(
+            f"{what} differs from the reference in {len(bad)} of {ntok} tokens (first {bad[:8]}), "
+            f"max |diff| {d.max().item()} at {d.argmax().item()}"
+        )
+    assert torch.equal(comb_w[:ntok], ref_comb_w[:ntok]), f"{what} weights differ from the reference"
+
+
+def _graph_rounds(
+    op: Any, ref: Any, cfg: Any, dev: torch.device, counts: list[int], hidden: int,
+    dispatch: Callable[..., tuple], combine: Callable[..., tuple], replays: int,
+) -> None:
+    """Capture ``dispatch(x, w, scales, idx)`` + ``combine(rows, w, idx)`` (push mode; expert =
+    rows * (rank + 1) on every row, valid or not) in a CUDA graph over bf16 inputs of ``counts``
+    tokens per rank, then replay it ``replays`` times with fresh data copied into the captured
+    inputs. Every replay's dispatch is checked against the sources and its combine bit-exactly
+    against the reference over the same inputs."""
+    rank, world = cfg.rank, cfg.world_size
+    static = _all_inputs(77, world, counts, hidden, torch.bfloat16, 0, dev)[rank]
+
+    def step():
+        out, out_w, _, out_idx, total = dispatch(static["x"], static["w"], None, static["idx"])
+        y = (out.to(torch.float32) * (rank + 1)).to(torch.bfloat16)
+        comb, comb_w = combine(y, out_w, static["idx"])
+        return out, out_w, out_idx, total, comb, comb_w
+
+    graph, (out, out_w, out_idx, total, comb, comb_w) = capture_graph(dev, step)
+    for rep in range(replays):
+        data = _all_inputs(500 + rep, world, counts, hidden, torch.bfloat16, 0, dev)
+        replay_graph(graph, op, static, data[rank])
+        _check_dispatch(op, cfg, data, (out, out_w, None, out_idx, total))
+        ref_res = ref.dispatch(static["x"], static["w"], None, static["idx"])
+        n = int(ref_res[4][0])
+        assert int(total[0]) == n, f"graph replay {rep}: received {int(total[0])} rows, the reference {n}"
+        ref_comb, ref_comb_w = _reference_combine(ref, cfg, ref_res, static["idx"], out)
+        _assert_combine_equal(comb, comb_w, ref_comb, ref_comb_w, counts[rank], f"graph replay {rep}: combine")
+    del graph  # before the caller closes the op whose buffers it replays into
+
+
 def _round(op, ref, cfg, data, push, dtype, comb_dtype, weights_in_place, launch=(-1, -1), call_count=True):
     """One dispatch/combine round on the GPU op and the reference; bit-exact checks."""
     rank = cfg.rank
@@ -125,28 +192,15 @@ def _round(op, ref, cfg, data, push, dtype, comb_dtype, weights_in_place, launch
     ref_res = ref.dispatch(mine["x"], mine["w"], mine["s"], mine["idx"])
     ref_n = int(ref_res[4][0])
     assert ref_n == n
-    y = _expert(out, n, rank, comb_dtype)
+    comb_in = _combine_input(op, out, n, rank, comb_dtype, push, spare_rows=3)
     weights = out_w if weights_in_place else out_w[:n].clone()
-    if push:
-        comb_in = torch.zeros(n + 3, out.shape[1], dtype=comb_dtype, device=out.device)
-        comb_in[:n] = y
-    else:
-        reg = op.get_registered_combine_input_buffer(comb_dtype, out.shape[1])
-        reg[:n] = y
-        comb_in = reg
     comb, comb_w = op.combine(
         comb_in, weights, mine["idx"], block_num=bn, warp_per_block=wpb, use_external_inp_buf=int(push)
     )
-    ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), out.shape[1], dtype=comb_dtype, device=out.device)
-    ref_in[:n] = _expert(ref_res[0], n, rank, comb_dtype)
-    ref_comb, ref_comb_w = ref.combine(ref_in, ref_res[1], mine["idx"], use_external_inp_buf=1)
-    ntok = mine["x"].shape[0]
+    ref_comb, ref_comb_w = _reference_combine(ref, cfg, ref_res, mine["idx"], out, comb_dtype)
     torch.cuda.synchronize()
     op.check_error()
-    if not torch.equal(comb[:ntok], ref_comb[:ntok]):
-        d = (comb[:ntok].float() - ref_comb[:ntok].float()).abs()
-        raise AssertionError(f"combine differs from the reference: max |diff| {d.max().item()} at {d.argmax().item()}")
-    assert torch.equal(comb_w[:ntok], ref_comb_w[:ntok])
+    _assert_combine_equal(comb, comb_w, ref_comb, ref_comb_w, mine["x"].shape[0])
 
 
 def _unique_ranks(idx: torch.Tensor, experts_per_rank: int, world: int) -> torch.Tensor:
@@ -233,10 +287,7 @@ def _back_to_back(rank: int, world: int, dev: torch.device, rounds: int, push: b
     counts = torch.randint(0, 129, (rounds,), generator=g)
     counts[torch.rand(rounds, generator=g) < 0.1] = 0  # about one round in ten with no tokens here
     counts[-1] = 128
-    idx = mine["idx"].to(torch.int64)
-    valid = (idx >= 0) & (idx < NUM_EXPERTS)
-    dest = torch.where(valid, idx // cfg.num_experts_per_rank, torch.full_like(idx, world))
-    ndest = torch.zeros(128, world + 1, dtype=torch.bool, device=dev).scatter_(1, dest, True)[:, :world].sum(1)
+    ndest = _unique_ranks(mine["idx"], cfg.num_experts_per_rank, world)
     full = (mine["x"].float() * ndest[:, None]).to(torch.bfloat16)  # round 0's combine of all 128 tokens
     # Expected fp64 sum of every round: the sum of the first n rows, signed by the round's parity.
     prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=dev), full.to(torch.float64).sum(1).cumsum(0)])
@@ -322,37 +373,10 @@ def _suite(rank: int, world: int) -> None:
     cfg = _config(rank, world, HIDDEN_BIG, 128, push=True, max_type=2)
     op = EpDispatchCombineOp(cfg)
     ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
-    n_tok = 96 + 4 * rank
-    static = _all_inputs(77, world, [96 + 4 * r for r in range(world)], HIDDEN_BIG, torch.bfloat16, 0, dev)[rank]
-    s = torch.cuda.Stream(dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            out, out_w, _, out_idx, total = op.dispatch(static["x"], static["w"], None, static["idx"])
-            y = (out.to(torch.float32) * (rank + 1)).to(torch.bfloat16)
-            comb_g, comb_w_g = op.combine(y, out_w, static["idx"], use_external_inp_buf=1)
-    torch.cuda.synchronize()
-    dist.barrier()
-    for rep in range(5):
-        data = _all_inputs(500 + rep, world, [96 + 4 * r for r in range(world)], HIDDEN_BIG, torch.bfloat16, 0, dev)
-        for k in ("x", "w", "idx"):
-            static[k].copy_(data[rank][k])
-        torch.cuda.synchronize()
-        dist.barrier()
-        graph.replay()
-        torch.cuda.synchronize()
-        op.check_error()
-        _check_dispatch(op, cfg, data, (out, out_w, None, out_idx, total))
-        ref_res = ref.dispatch(static["x"], static["w"], None, static["idx"])
-        n = int(ref_res[4][0])
-        assert int(total[0]) == n
-        ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), HIDDEN_BIG, dtype=torch.bfloat16, device=dev)
-        ref_in[:n] = _expert(ref_res[0], n, rank)
-        ref_comb, ref_comb_w = ref.combine(ref_in, ref_res[1], static["idx"], use_external_inp_buf=1)
-        assert torch.equal(comb_g[:n_tok], ref_comb[:n_tok]), f"graph replay {rep}: combine differs"
-        assert torch.equal(comb_w_g[:n_tok], ref_comb_w[:n_tok])
-    del graph
+    _graph_rounds(
+        op, ref, cfg, dev, [96 + 4 * r for r in range(world)], HIDDEN_BIG, op.dispatch,
+        lambda y, w, idx: op.combine(y, w, idx, use_external_inp_buf=1), replays=5,
+    )
     op.close()
     dist.barrier()
 

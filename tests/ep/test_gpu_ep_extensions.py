@@ -17,16 +17,26 @@ first mismatch, so one run tells what is wrong.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import traceback
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import torch
 
-from ep_dist_utils import init_shmem_default, make_routing, need_ranks, rank_device, run_ranks
+from ep_dist_utils import (
+    all_rank_inputs,
+    capture_graph,
+    combine_input,
+    init_shmem_default,
+    need_ranks,
+    rank_device,
+    replay_graph,
+    run_ranks,
+)
 
 pytestmark = [pytest.mark.gpu]
 
@@ -49,26 +59,28 @@ def _config(rank, world, hidden, max_tok, epr, topk, scale_dim=0, max_type=2, qu
 
 
 def _inputs(seed, world, counts, hidden, num_experts, topk, dtype, scale_dim, dup, device):
-    """Every rank's inputs (identical on every rank); ``dup`` repeats an expert in some tokens."""
-    out = []
-    for r in range(world):
-        g = torch.Generator().manual_seed(seed * 100 + r)
-        n = counts[r]
-        x = torch.randn(n, hidden, generator=g)
-        if dtype.itemsize == 1:
-            x = x.clamp(-6, 6)
-        idx = make_routing(n, num_experts, topk, g, drop_prob=0.05, out_of_range_prob=0.01)
-        if dup and topk > 1:
-            for t in range(0, n, 4):
-                if idx[t, 0] >= 0:
-                    idx[t, topk - 1] = idx[t, 0]
-        out.append({
-            "x": x.to(dtype).to(device),
-            "w": (0.25 + torch.rand(n, topk, generator=g)).to(device),
-            "s": torch.rand(n, scale_dim, generator=g).to(device) if scale_dim else None,
-            "idx": idx.to(device),
-        })
-    return out
+    """Every rank's inputs (identical on every rank), gating weights in [0.25, 1.25); ``dup``
+    repeats an expert in some tokens."""
+    return all_rank_inputs(seed, world, counts, hidden, num_experts, topk, dtype, scale_dim, device,
+                           min_weight=0.25, repeat_expert=dup)
+
+
+@contextlib.contextmanager
+def _op_and_reference(cfg: Any, dev: torch.device) -> Iterator[tuple[Any, Any]]:
+    """The GPU op and the reference op on ``cfg``; on leaving (a failed case too) the GPU op is
+    closed once the device is idle, in step with the other ranks (closing is collective)."""
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
+
+    op = EpDispatchCombineOp(cfg)
+    ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
+    try:
+        yield op, ref
+    finally:
+        torch.cuda.synchronize()
+        op.close()
+        dist.barrier()
 
 
 def _first_diff(name: str, got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
@@ -133,15 +145,11 @@ def _std_case(rank, world, dev, seed, hidden, dtype, scale_dim, num_experts, top
     """One standard-MoE round on the GPU op and the reference; returns the mismatches."""
     import torch.distributed as dist
 
-    from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
-
     errs: list[str] = []
     epr = num_experts // world
     cfg = _config(rank, world, hidden, max_tok, epr, topk, scale_dim, max_type=max(2, dtype.itemsize, out_dtype.itemsize),
                   quant=quant)
-    op = EpDispatchCombineOp(cfg)
-    ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
-    try:
+    with _op_and_reference(cfg, dev) as (op, ref):
         for rnd in range(2):
             g = torch.Generator().manual_seed(seed * 7 + rnd)
             counts = torch.randint(0, max_tok + 1, (world,), generator=g).tolist()
@@ -194,10 +202,6 @@ def _std_case(rank, world, dev, seed, hidden, dtype, scale_dim, num_experts, top
                 if e:
                     errs.append(e)
             dist.barrier()
-    finally:
-        torch.cuda.synchronize()
-        op.close()
-        dist.barrier()
     return errs
 
 
@@ -205,14 +209,10 @@ def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128) -> 
     """A plain dispatch + FP8 combine on the GPU op vs the reference; also reports the error vs bf16."""
     import torch.distributed as dist
 
-    from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
-
     errs: list[str] = []
     epr, topk = 256 // world, 8
     cfg = _config(rank, world, hidden, max_tok, epr, topk, quant=quant, push=push)
-    op = EpDispatchCombineOp(cfg)
-    ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
-    try:
+    with _op_and_reference(cfg, dev) as (op, ref):
         for rnd in range(2):
             counts = [max_tok - 17 * r - 5 * rnd for r in range(world)]
             data = _inputs(seed + rnd, world, counts, hidden, epr * world, topk, torch.bfloat16, 0, False, dev)
@@ -221,12 +221,7 @@ def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128) -> 
             torch.cuda.synchronize()
             n = int(total[0])
             y = (out[:n].to(torch.float32) * (3.0 + rank)).to(torch.bfloat16)
-            if push:
-                inp = y
-            else:
-                inp = op.get_registered_combine_input_buffer(torch.bfloat16)
-                inp[:n] = y
-            comb, comb_w = op.combine(inp, out_w, mine["idx"])
+            comb, comb_w = op.combine(combine_input(op, y, push), out_w, mine["idx"])
             comb = comb[: counts[rank]].clone()
             comb_w = comb_w[: counts[rank]].clone()
             torch.cuda.synchronize()
@@ -241,46 +236,29 @@ def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128) -> 
                 if e:
                     errs.append(e)
             dist.barrier()
-    finally:
-        torch.cuda.synchronize()
-        op.close()
-        dist.barrier()
     return errs
 
 
 def _graph_case(rank, world, dev) -> list[str]:
     """dispatch_standard_moe + combine_standard_moe captured in a CUDA graph, replayed with new data."""
-    import torch.distributed as dist
-
-    from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
-
     errs: list[str] = []
     hidden, epr, topk, n = 2048, 16 // world, 4, 64
     cfg = _config(rank, world, hidden, n, epr, topk)
-    op = EpDispatchCombineOp(cfg)
-    ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
-    try:
+    with _op_and_reference(cfg, dev) as (op, ref):
         static = _inputs(90, world, [n] * world, hidden, epr * world, topk, torch.bfloat16, 0, False, dev)[rank]
         op.dispatch_standard_moe(static["x"], static["w"], None, static["idx"])  # first call allocates (not capturable)
         torch.cuda.synchronize()
-        s = torch.cuda.Stream(dev)
-        s.wait_stream(torch.cuda.current_stream(dev))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+
+        def step():
             px, cnt, _, _ = op.dispatch_standard_moe(static["x"], static["w"], None, static["idx"])
             y = (px.to(torch.float32) * 0.5).to(torch.bfloat16)  # every row, valid or not (finite garbage)
             comb, _ = op.combine_standard_moe(y, None, static["idx"])
-        torch.cuda.synchronize()
-        dist.barrier()
+            return cnt, comb
+
+        graph, (cnt, comb) = capture_graph(dev, step)
         for rep in range(3):
             data = _inputs(91 + rep, world, [n] * world, hidden, epr * world, topk, torch.bfloat16, 0, False, dev)
-            for k in ("x", "w", "idx"):
-                static[k].copy_(data[rank][k])
-            torch.cuda.synchronize()
-            dist.barrier()
-            graph.replay()
-            torch.cuda.synchronize()
-            op.check_error()
+            replay_graph(graph, op, static, data[rank])
             want = ref.dispatch_standard_moe(static["x"], static["w"], None, static["idx"])
             e = _first_diff(f"graph replay {rep} count", cnt, want[1])
             ry = (want[0].to(torch.float32) * 0.5).to(torch.bfloat16)
@@ -313,10 +291,6 @@ def _graph_case(rank, world, dev) -> list[str]:
         except EpOpError as ex:
             if "standard-MoE layout" not in str(ex):
                 errs.append(f"stale-layout error message: {ex}")
-    finally:
-        torch.cuda.synchronize()
-        op.close()
-        dist.barrier()
     return errs
 
 

@@ -22,7 +22,18 @@ import pytest
 import torch
 
 from ep_dist_utils import need_ranks, rank_device, run_ranks
-from test_gpu_ep import NUM_EXPERTS, TOPK, _all_inputs, _check_dispatch, _expert, _init_shmem
+from test_gpu_ep import (
+    NUM_EXPERTS,
+    TOPK,
+    _all_inputs,
+    _assert_combine_equal,
+    _check_dispatch,
+    _combine_input,
+    _graph_rounds,
+    _init_shmem,
+    _reference_combine,
+    _unique_ranks,
+)
 
 pytestmark = [pytest.mark.gpu]
 
@@ -89,28 +100,12 @@ def _round(op, ref, cfg, kernel_type, data, push, comb_dtype, launch):
     out, out_w = res[0], res[1]
     ref_res = ref.dispatch(mine["x"], mine["w"], mine["s"], mine["idx"])
     assert int(ref_res[4][0]) == n, f"received {n} rows, the reference {int(ref_res[4][0])}"
-    y = _expert(out, n, rank, comb_dtype)
-    if push:
-        comb_in = torch.zeros(n + 2, out.shape[1], dtype=comb_dtype, device=out.device)
-        comb_in[:n] = y
-    else:
-        comb_in = op.get_registered_combine_input_buffer(comb_dtype, out.shape[1])
-        comb_in[:n] = y
+    comb_in = _combine_input(op, out, n, rank, comb_dtype, push, spare_rows=2)
     comb, comb_w = _combine(op, kernel_type, comb_in, out_w[:n].clone(), mine["idx"], push)
-    ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), out.shape[1], dtype=comb_dtype, device=out.device)
-    ref_in[:n] = _expert(ref_res[0], n, rank, comb_dtype)
-    ref_comb, ref_comb_w = ref.combine(ref_in, ref_res[1], mine["idx"], use_external_inp_buf=1)
-    ntok = mine["x"].shape[0]
+    ref_comb, ref_comb_w = _reference_combine(ref, cfg, ref_res, mine["idx"], out, comb_dtype)
     torch.cuda.synchronize()
     op.check_error()
-    if not torch.equal(comb[:ntok], ref_comb[:ntok]):
-        d = (comb[:ntok].float() - ref_comb[:ntok].float()).abs()
-        bad = torch.nonzero(d.amax(dim=1)).flatten().tolist()
-        raise AssertionError(
-            f"combine differs from the reference in {len(bad)} of {ntok} tokens (first {bad[:8]}), "
-            f"max |diff| {d.max().item()}"
-        )
-    assert torch.equal(comb_w[:ntok], ref_comb_w[:ntok]), "combine weights differ from the reference"
+    _assert_combine_equal(comb, comb_w, ref_comb, ref_comb_w, mine["x"].shape[0])
 
 
 def _one_type(rank, world, kernel_type, gpn, dev):
@@ -175,10 +170,7 @@ def _back_to_back(rank, world, kernel_type, gpn, dev, rounds):
     assert torch.all(sums[0::2] == sums[0]) and torch.all(sums[1::2] == -sums[0]), (
         f"{kernel_type}: a round of {rounds} produced different data: {sums[:6].tolist()}"
     )
-    idx = mine["idx"].to(torch.int64)
-    valid = (idx >= 0) & (idx < NUM_EXPERTS)
-    dest = torch.where(valid, idx // cfg.num_experts_per_rank, torch.full_like(idx, world))
-    ndest = torch.zeros(64, world + 1, dtype=torch.bool, device=dev).scatter_(1, dest, True)[:, :world].sum(1)
+    ndest = _unique_ranks(mine["idx"], cfg.num_experts_per_rank, world)
     last = mine["x"].float() * (1.0 if (rounds - 1) % 2 == 0 else -1.0)
     assert torch.equal(comb[:64], (last * ndest[:, None]).to(torch.bfloat16)), f"{kernel_type}: last round differs"
     op.close()
@@ -196,36 +188,11 @@ def _graph(rank, world, kernel_type, gpn, dev):
     cfg = _config(rank, world, kernel_type, gpn, hidden, 64, push=True, max_type=2)
     op = EpDispatchCombineOp(cfg)
     ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
-    static = _all_inputs(77, world, ntoks, hidden, torch.bfloat16, 0, dev)[rank]
-    s = torch.cuda.Stream(dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            out, out_w, _, out_idx, total = _dispatch(op, kernel_type, static["x"], static["w"], None, static["idx"])
-            y = (out.to(torch.float32) * (rank + 1)).to(torch.bfloat16)
-            comb_g, comb_w_g = _combine(op, kernel_type, y, out_w, static["idx"], True)
-    torch.cuda.synchronize()
-    dist.barrier()
-    for rep in range(3):
-        data = _all_inputs(500 + rep, world, ntoks, hidden, torch.bfloat16, 0, dev)
-        for k in ("x", "w", "idx"):
-            static[k].copy_(data[rank][k])
-        torch.cuda.synchronize()
-        dist.barrier()
-        graph.replay()
-        torch.cuda.synchronize()
-        op.check_error()
-        _check_dispatch(op, cfg, data, (out, out_w, None, out_idx, total))
-        ref_res = ref.dispatch(static["x"], static["w"], None, static["idx"])
-        n = int(ref_res[4][0])
-        ref_in = torch.zeros(cfg.max_num_tokens_to_recv(), hidden, dtype=torch.bfloat16, device=dev)
-        ref_in[:n] = _expert(ref_res[0], n, rank)
-        ref_comb, ref_comb_w = ref.combine(ref_in, ref_res[1], static["idx"], use_external_inp_buf=1)
-        m = ntoks[rank]
-        assert torch.equal(comb_g[:m], ref_comb[:m]), f"graph replay {rep}: combine differs"
-        assert torch.equal(comb_w_g[:m], ref_comb_w[:m]), f"graph replay {rep}: combine weights differ"
-    del graph
+    _graph_rounds(
+        op, ref, cfg, dev, ntoks, hidden,
+        lambda x, w, scales, idx: _dispatch(op, kernel_type, x, w, scales, idx),
+        lambda y, w, idx: _combine(op, kernel_type, y, w, idx, True), replays=3,
+    )
     op.close()
     dist.barrier()
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import mori_core
+from ep_dist_utils import single_rank_config
 from mori_core.ops import (
     EpDispatchCombineConfig,
     EpDispatchCombineKernelType,
@@ -15,23 +16,6 @@ from mori_core.ops import (
     gpu_ops_available,
 )
 from mori_core.ops.launch_config import LaunchParams, resolve
-
-
-def _cfg(**kw) -> EpDispatchCombineConfig:
-    base = dict(
-        data_type=torch.bfloat16,
-        rank=0,
-        world_size=1,
-        hidden_dim=128,
-        scale_dim=0,
-        scale_type_size=4,
-        max_token_type_size=2,
-        max_num_inp_token_per_rank=8,
-        num_experts_per_rank=4,
-        num_experts_per_token=2,
-    )
-    base.update(kw)
-    return EpDispatchCombineConfig(**base)
 
 
 def test_mori_alias_exposes_the_same_api() -> None:
@@ -52,7 +36,7 @@ def test_mori_alias_exposes_the_same_api() -> None:
 
 
 def test_config_defaults_match_mori() -> None:
-    cfg = _cfg()
+    cfg = single_rank_config()
     assert (cfg.warp_num_per_block, cfg.block_num, cfg.max_total_recv_tokens) == (8, 80, 0)
     assert cfg.use_external_inp_buf is True and cfg.kernel_type == EpDispatchCombineKernelType.IntraNode
     assert (cfg.gpu_per_node, cfg.rdma_block_num, cfg.num_qp_per_pe, cfg.quant_type) == (8, 0, 1, "none")
@@ -67,14 +51,14 @@ def test_gpu_op_without_gpu_raises_a_clear_error() -> None:
     ok, why = gpu_ops_available()
     assert not ok and why
     with pytest.raises(RuntimeError, match="GPU"):
-        EpDispatchCombineOp(_cfg())
+        EpDispatchCombineOp(single_rank_config())
 
 
 def test_unimplemented_quant_types_say_so() -> None:
     with pytest.raises(NotImplementedError, match="quant_type"):
-        EpDispatchCombineOp(_cfg(quant_type="fp4_blockwise"))
+        EpDispatchCombineOp(single_rank_config(quant_type="fp4_blockwise"))
     # the reference accepts any kernel type: the semantics are the same
-    ReferenceEpDispatchCombineOp(_cfg(kernel_type=EpDispatchCombineKernelType.InterNodeV1, gpu_per_node=1))
+    ReferenceEpDispatchCombineOp(single_rank_config(kernel_type=EpDispatchCombineKernelType.InterNodeV1, gpu_per_node=1))
 
 
 def test_launch_config_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,10 +6,12 @@ the seed and derives the expected receive set, payloads and combine sums with pl
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from ep_dist_utils import rank_inputs, run_ranks, unique_dest_ranks
+from ep_dist_utils import rank_inputs, run_ranks, single_rank_config, unique_dest_ranks
 from mori_core.ops import (
     EpDispatchCombineConfig,
     EpDispatchCombineKernelType,
@@ -171,21 +173,8 @@ def test_reference_overflow_is_reported_on_every_rank() -> None:
     run_ranks(_overflow, 2, backend="gloo", timeout=120)
 
 
-def _single_rank_config(**kw) -> EpDispatchCombineConfig:
-    base = dict(
-        data_type=torch.bfloat16,
-        rank=0,
-        world_size=1,
-        hidden_dim=32,
-        scale_dim=2,
-        scale_type_size=4,
-        max_token_type_size=2,
-        max_num_inp_token_per_rank=8,
-        num_experts_per_rank=4,
-        num_experts_per_token=2,
-    )
-    base.update(kw)
-    return EpDispatchCombineConfig(**base)
+# Hidden 32 with 2 scale columns: the shapes the validation tests below pass.
+_single_rank_config = functools.partial(single_rank_config, hidden_dim=32, scale_dim=2)
 
 
 def test_reference_validation_names_the_argument() -> None:

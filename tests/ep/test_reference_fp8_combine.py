@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ep_dist_utils import rank_inputs, run_ranks, unique_dest_ranks
+from ep_dist_utils import combine_input, rank_inputs, run_ranks, unique_dest_ranks
 from mori_core.ops import EpDispatchCombineConfig, ReferenceEpDispatchCombineOp
 from mori_core.ops.combine_quant import decode_rows, encode_rows, link_bytes_per_row
 
@@ -50,12 +50,7 @@ def _fp8_roundtrip(rank: int, world: int, quant: str, push: bool, empty_rank: in
     n = int(total[0])
     # Experts: rank r returns x * (r + 1) * 37.5 (values well above 1, some saturate the direct cast).
     y = (out[:n].to(torch.float32) * ((rank + 1) * 37.5)).to(torch.bfloat16)
-    if push:
-        inp = y
-    else:
-        inp = op.get_registered_combine_input_buffer(torch.bfloat16)
-        inp[:n] = y
-    comb, comb_w = op.combine(inp, out_w, mine["indices"])
+    comb, comb_w = op.combine(combine_input(op, y, push), out_w, mine["indices"])
     exact = 0
     for t in range(counts[rank]):
         acc = torch.zeros(HIDDEN)

@@ -21,8 +21,9 @@ import socket
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from mori_core.bench.spawned import first_result
 from mori_core.bench.table import median, print_table
 
 
@@ -368,29 +369,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(targets: list[Callable[[], tuple]], timeout: float) -> Any:
-    """Start one process per (fn, args) target; return the first queue message (bounded)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=fn, args=(*args, q), daemon=True) for fn, args in targets]
-    for p in procs:
-        p.start()
-    try:
-        status, payload = q.get(timeout=timeout)
-    except Exception:
-        status, payload = "error", f"no result within {timeout:.0f}s (a rank hung or died)"
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=10)
-    if status != "ok":
-        raise RuntimeError(payload)
-    return payload
-
-
 def summarize(gathered: list[dict]) -> list[dict]:
     """Per token count: in every iteration take the slowest rank's phases; report medians."""
     rows = []
@@ -447,14 +425,8 @@ def run(args: argparse.Namespace) -> int:
     if args.topk > args.num_experts:
         raise SystemExit(f"--topk {args.topk} exceeds --num-experts {args.num_experts}")
     shape = Shape(
-        hidden=args.hidden,
-        intermediate=args.intermediate,
-        num_experts=args.num_experts,
-        topk=args.topk,
-        dtype_name=args.dtype,
-        device_type=args.device,
-        fp8_dispatch=args.fp8_dispatch,
-        ffn=args.ffn,
+        hidden=args.hidden, intermediate=args.intermediate, num_experts=args.num_experts, topk=args.topk,
+        dtype_name=args.dtype, device_type=args.device, fp8_dispatch=args.fp8_dispatch, ffn=args.ffn,
     )
     print(
         f"MoE layer: hidden {shape.hidden}, intermediate {shape.intermediate}, {shape.num_experts} experts, "
@@ -464,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
     )
     baseline: dict = {}
     if not args.no_baseline:
-        res = _spawn([(_baseline, (shape, tokens, args.iters, args.warmup))], args.timeout)
+        res = first_result([(_baseline, (shape, tokens, args.iters, args.warmup))], args.timeout)
         baseline = res["times"]
         print(f"single-GPU baseline FFN: {res['ffn']}", flush=True)
     failed = False
@@ -477,7 +449,7 @@ def run(args: argparse.Namespace) -> int:
             where = place_ranks(world, heap_request)
         port = _free_port()
         targets = [(_ep_rank, (r, world, port, shape, tokens, args.iters, args.warmup)) for r in range(world)]
-        gathered = _spawn(targets, args.timeout)
+        gathered = first_result(targets, args.timeout)
         rows = summarize(gathered)
         table = []
         for r in rows:

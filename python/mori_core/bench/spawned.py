@@ -1,4 +1,5 @@
-"""A helper process driven over a pipe (benchmarks and tests that need a peer in another process)."""
+"""Helper processes for benchmarks and tests: a peer driven over a pipe (:class:`SpawnedProcess`)
+and a group of processes that report one result (:func:`first_result`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import signal
 from typing import Any, Callable, Optional
 
-__all__ = ["SpawnedProcess"]
+__all__ = ["SpawnedProcess", "first_result"]
 
 
 class SpawnedProcess:
@@ -62,3 +63,33 @@ class SpawnedProcess:
             except Exception:
                 pass
         self.kill()
+
+
+def first_result(targets: list[tuple[Callable[..., None], tuple]], timeout: float) -> Any:
+    """Start one spawned process per ``(fn, args)`` target, run as ``fn(*args, queue)``, and return
+    the payload of the first message on the shared queue.
+
+    A target reports ``("ok", payload)`` or ``("error", text)`` (in a group of ranks typically
+    rank 0 the gathered results, any rank its traceback). Raises RuntimeError with the text on an
+    error, or when no message came within ``timeout`` seconds (a process hung or died). Every
+    process is then joined, and killed if it has not ended 30 s later.
+    """
+    import torch.multiprocessing as torch_mp  # torch's queues also carry tensors in a payload
+
+    ctx = torch_mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=fn, args=(*args, q), daemon=True) for fn, args in targets]
+    for p in procs:
+        p.start()
+    try:
+        status, payload = q.get(timeout=timeout)
+    except Exception:
+        status, payload = "error", f"no result within {timeout:.0f}s (a process hung or died)"
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=10)
+    if status != "ok":
+        raise RuntimeError(payload)
+    return payload

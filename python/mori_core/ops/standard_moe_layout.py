@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from mori_core.ops.config import EpDispatchCombineConfig
+from mori_core.ops.validation import check_rows
 
 # (packed_recv_x [E, T, hidden], packed_recv_count [E] int32, packed_recv_src_info [E, T] int32,
 #  packed_recv_layout_range [E, world] int64): what dispatch_standard_moe returns.
@@ -56,19 +57,7 @@ def check_packed_input(
             f"{shape[1]}, hidden], got {tuple(packed.shape)}"
         )
     h = int(packed.shape[2])
-    if not 1 <= h <= config.hidden_dim:
-        raise ValueError(f"{name} hidden size {h} must be in [1, hidden_dim={config.hidden_dim}]")
-    if packed.dtype not in allowed_dtypes:
-        raise ValueError(f"{name} dtype {packed.dtype} is not supported; use one of {list(allowed_dtypes)}")
-    if packed.element_size() > config.max_token_type_size:
-        raise ValueError(
-            f"{name} dtype {packed.dtype} has {packed.element_size()} bytes per element, more than "
-            f"max_token_type_size={config.max_token_type_size}"
-        )
-    if device is not None and packed.device != device:
-        raise ValueError(f"{name} must be on {device}, got {packed.device}")
-    if not packed.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+    check_rows(packed, h, config, allowed_dtypes, device, name=name)
     return h
 
 

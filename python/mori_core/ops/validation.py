@@ -84,7 +84,7 @@ def check_dispatch_args(
         raise ValueError(
             f"input has {n} tokens, more than max_num_inp_token_per_rank={config.max_num_inp_token_per_rank}"
         )
-    _check_rows(input, h, config, allowed_dtypes, device, dtype_label="input")
+    check_rows(input, h, config, allowed_dtypes, device)
     topk = config.num_experts_per_token
     indices = _check_indices(
         indices, (n, topk), device, dtype_hint=" (MORI's top-k id dtype)",
@@ -143,7 +143,7 @@ def check_combine_args(
     if input.dim() != 2:
         raise ValueError(f"input must be 2-D [rows, hidden_dim], got shape {tuple(input.shape)}")
     h = int(input.shape[1])
-    _check_rows(input, h, config, allowed_dtypes, device, dtype_label="combine input")
+    check_rows(input, h, config, allowed_dtypes, device, dtype_label="combine input")
     topk = config.num_experts_per_token
     indices = _check_indices(
         indices, (dispatched_tokens, topk), device, dtype_hint="",
@@ -170,18 +170,29 @@ def resolve_combine_mode(config: EpDispatchCombineConfig, use_external_inp_buf: 
     return bool(config.use_external_inp_buf) if use_external_inp_buf < 0 else bool(use_external_inp_buf)
 
 
-def _check_rows(input: torch.Tensor, h: int, config, allowed_dtypes, device, dtype_label: str) -> None:
-    """Hidden size, dtype, element size and layout of a token-row tensor."""
+def check_rows(
+    rows: torch.Tensor,
+    h: int,
+    config: EpDispatchCombineConfig,
+    allowed_dtypes: tuple,
+    device: Optional[torch.device],
+    name: str = "input",
+    dtype_label: Optional[str] = None,
+) -> None:
+    """Hidden size ``h``, dtype, element size, device and layout of a tensor of token rows (2-D
+    rows or the 3-D standard-MoE layout). Errors name ``name`` (the dtype error ``dtype_label``,
+    default ``name``); ``device=None`` accepts any device."""
     if not 1 <= h <= config.hidden_dim:
-        raise ValueError(f"input hidden size {h} must be in [1, hidden_dim={config.hidden_dim}]")
-    if input.dtype not in allowed_dtypes:
-        raise ValueError(f"{dtype_label} dtype {input.dtype} is not supported; use one of {list(allowed_dtypes)}")
-    if input.element_size() > config.max_token_type_size:
+        raise ValueError(f"{name} hidden size {h} must be in [1, hidden_dim={config.hidden_dim}]")
+    if rows.dtype not in allowed_dtypes:
+        label = name if dtype_label is None else dtype_label
+        raise ValueError(f"{label} dtype {rows.dtype} is not supported; use one of {list(allowed_dtypes)}")
+    if rows.element_size() > config.max_token_type_size:
         raise ValueError(
-            f"input dtype {input.dtype} has {input.element_size()} bytes per element, more than "
+            f"{name} dtype {rows.dtype} has {rows.element_size()} bytes per element, more than "
             f"max_token_type_size={config.max_token_type_size}"
         )
-    _require_layout("input", input, device)
+    _require_layout(name, rows, device)
 
 
 def _check_indices(indices, shape: tuple, device, dtype_hint: str, shape_hint: str) -> torch.Tensor:

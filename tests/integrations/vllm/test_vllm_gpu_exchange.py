@@ -196,24 +196,11 @@ def _rank(rank: int, world: int, port: int, device_type: str, q: Any) -> None:
 
 
 def _run(world: int, device_type: str) -> list[dict]:
-    import torch.multiprocessing as mp
+    """Every rank's case failures (rank 0 gathers them); raises with a rank's traceback or on a hang."""
+    from mori_core.bench.spawned import first_result
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, device_type, q), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        status, payload = q.get(timeout=TIMEOUT_S)
-    except Exception:
-        status, payload = "error", f"no result within {TIMEOUT_S}s"
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
-    assert status == "ok", payload
-    return payload
+    return first_result([(_rank, (r, world, port, device_type)) for r in range(world)], TIMEOUT_S)
 
 
 def _assert_all_passed(per_rank: list[dict]) -> None:
