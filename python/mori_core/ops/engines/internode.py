@@ -198,6 +198,11 @@ class InterNodeEngine(HandleEngine):
 
         shmem.verify_symmetric("ep_internode_offset", self._ipc - int(_C.shmem_heap_info()["base"]))
         self._views = byte_views(self._handle.buffers(), self.device)
+        # An empty tensor (a rank with no tokens, or no received rows) has address 0, but the
+        # kernels read the address as "this round carries scales / weights": a receiver whose own
+        # input was empty then skipped the scales of every row it received. A valid buffer stands
+        # in (never read through: the rows to copy from it number zero).
+        self._placeholder = self._views["dispatch_out_weights"].data_ptr()
         self.launch_config_mode = launch_mode()
         self._stream_of = stream_handle_getter()
         self._dev = self.device.index
@@ -242,8 +247,9 @@ class InterNodeEngine(HandleEngine):
         inside the node; without ``finish`` only the send half (AsyncLL's dispatch_send)."""
         self._raise_if_failed()
         self._handle.dispatch_send(input.data_ptr(), row_bytes, num_tokens,
-                                   0 if weights is None else weights.data_ptr(),
-                                   0 if scales is None else scales.data_ptr(), indices.data_ptr(), plan.block_num,
+                                   0 if weights is None else (weights.data_ptr() or self._placeholder),
+                                   0 if scales is None else (scales.data_ptr() or self._placeholder),
+                                   indices.data_ptr(), plan.block_num,
                                    plan.warp_per_block, plan.rdma_block_num, self._stream_of(self._dev))
         if finish:
             self.finish_dispatch(plan)
@@ -260,7 +266,7 @@ class InterNodeEngine(HandleEngine):
         buffer first; pull reads it in place); without ``finish`` only the send half."""
         self._raise_if_failed()
         self._handle.combine_send(input.data_ptr(), rows.dtype_code, rows.view.shape[1], input_rows,
-                                  0 if weights is None else weights.data_ptr(),
+                                  0 if weights is None else (weights.data_ptr() or self._placeholder),
                                   0 if weights is None else int(weights.shape[0]), indices.data_ptr(), num_tokens,
                                   bool(push), plan.block_num, plan.warp_per_block, self._stream_of(self._dev))
         if finish:
