@@ -60,7 +60,7 @@ fi
 for s in $STAGES; do
   case $s in
     tests)
-      stage tests 480 "$PYTEST tests/ep/test_gpu_ep_extensions.py -k 'not profiler_trace and ($KW or absent)'"
+      stage tests 480 "$PYTEST -s tests/ep/test_gpu_ep_extensions.py -k 'not profiler_trace and ($KW or absent)'"
       grep -cE "^\[rank [0-9]+\] PASS" "$OUT/tests.log" | sed 's/^/  rank-case passes: /' >> "$SUMMARY"
       grep -E "^\[rank [0-9]+\] FAIL|passed|failed|skipped" "$OUT/tests.log" | tail -15 >> "$SUMMARY" ;;
     regress)
