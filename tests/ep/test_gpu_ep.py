@@ -203,12 +203,17 @@ def _round(op, ref, cfg, data, push, dtype, comb_dtype, weights_in_place, launch
     _assert_combine_equal(comb, comb_w, ref_comb, ref_comb_w, mine["x"].shape[0])
 
 
-def _unique_ranks(idx: torch.Tensor, experts_per_rank: int, world: int) -> torch.Tensor:
-    """Number of distinct destination ranks of each token (invalid ids dropped)."""
+def _dest_ranks(idx: torch.Tensor, experts_per_rank: int, world: int) -> torch.Tensor:
+    """``[tokens, world]`` bool: whether each token goes to each rank (invalid ids dropped)."""
     idx = idx.to(torch.int64)
     valid = (idx >= 0) & (idx < NUM_EXPERTS)
     dest = torch.where(valid, idx // experts_per_rank, torch.full_like(idx, world))
-    return torch.zeros(idx.shape[0], world + 1, dtype=torch.bool, device=idx.device).scatter_(1, dest, True)[:, :world].sum(1)
+    return torch.zeros(idx.shape[0], world + 1, dtype=torch.bool, device=idx.device).scatter_(1, dest, True)[:, :world]
+
+
+def _unique_ranks(idx: torch.Tensor, experts_per_rank: int, world: int) -> torch.Tensor:
+    """Number of distinct destination ranks of each token (invalid ids dropped)."""
+    return _dest_ranks(idx, experts_per_rank, world).sum(1)
 
 
 def _bad_input_on_the_hot_path(rank: int, world: int, dev: torch.device) -> None:

@@ -29,6 +29,7 @@ from test_gpu_ep import (
     _assert_combine_equal,
     _check_dispatch,
     _combine_input,
+    _dest_ranks,
     _graph_rounds,
     _init_shmem,
     _reference_combine,
@@ -181,10 +182,7 @@ def _node_first_sum(x: torch.Tensor, idx: torch.Tensor, experts_per_rank: int, w
     the node's destination ranks, rounded once to bf16), then the nodes' partial rows in fp32,
     rounded again. With 3 destination ranks in one node, bf16(3x) is already rounded, so this can
     differ from bf16(x * destination ranks) in the last bit."""
-    idx = idx.to(torch.int64)
-    valid = (idx >= 0) & (idx < NUM_EXPERTS)
-    dest = torch.where(valid, idx // experts_per_rank, torch.full_like(idx, world))
-    hit = torch.zeros(idx.shape[0], world + 1, dtype=torch.bool, device=idx.device).scatter_(1, dest, True)[:, :world]
+    hit = _dest_ranks(idx, experts_per_rank, world)
     per_node = hit.view(idx.shape[0], world // gpn, gpn).sum(2).to(torch.float32)
     acc = torch.zeros_like(x, dtype=torch.float32)
     for m in range(world // gpn):  # ascending node order, as the kernels add them

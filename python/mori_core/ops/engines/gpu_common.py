@@ -88,13 +88,24 @@ class HandleEngine(EpEngine):
     """What the IntraNode and inter-node engines share around their native handle: the named
     buffer views, the error record, the received-row positions and the kernel timeout.
 
-    Subclasses set ``_handle`` (the native handle) and ``_views`` (:func:`byte_views` of its
-    buffers) in their constructor."""
+    Subclasses set ``_handle`` (the native handle) in their constructor, then call
+    :meth:`_bind_buffers`."""
 
     row_align = 16
     fast_accept = True
     _handle: Any = None
     _views: dict[str, Optional[torch.Tensor]] = {}
+    _placeholder: int = 0
+
+    def _bind_buffers(self) -> None:
+        """``_views`` of the handle's buffers, and ``_placeholder``: the address to pass for a given
+        but empty weights or scales tensor. An empty tensor (a rank with no tokens, or no received
+        rows) has address 0, but the kernels read the address as "this round carries weights /
+        scales" (an inter-node receiver with no tokens of its own dropped the scales of every row it
+        received; standard-MoE receivers weight rows by it). A valid buffer stands in; it is never
+        read through, since the rows to copy from it number zero."""
+        self._views = byte_views(self._handle.buffers(), self.device)
+        self._placeholder = self._views["dispatch_out_weights"].data_ptr()
 
     def _place(self, config: EpDispatchCombineConfig) -> None:
         """Start of both constructors: shmem must be initialised with this rank and world size,

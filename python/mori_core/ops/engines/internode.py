@@ -50,7 +50,7 @@ from mori_core.ops.config import (
     normalize_kernel_type,
     normalize_quant_type,
 )
-from mori_core.ops.engines.gpu_common import HandleEngine, byte_views, handle_fields, require_gpu_ops
+from mori_core.ops.engines.gpu_common import HandleEngine, handle_fields, require_gpu_ops
 from mori_core.ops.errors import EpOpError
 from mori_core.ops.launch_config import LaunchParams, checked_grid, launch_mode, resolve_internode
 # NVSHMEM's symmetric heap when the user sets none: what the op needs, twice, at least 1 GiB.
@@ -197,12 +197,7 @@ class InterNodeEngine(HandleEngine):
         from mori_core import _C
 
         shmem.verify_symmetric("ep_internode_offset", self._ipc - int(_C.shmem_heap_info()["base"]))
-        self._views = byte_views(self._handle.buffers(), self.device)
-        # An empty tensor (a rank with no tokens, or no received rows) has address 0, but the
-        # kernels read the address as "this round carries scales / weights": a receiver whose own
-        # input was empty then skipped the scales of every row it received. A valid buffer stands
-        # in (never read through: the rows to copy from it number zero).
-        self._placeholder = self._views["dispatch_out_weights"].data_ptr()
+        self._bind_buffers()  # also the placeholder address for empty weights / scales tensors
         self.launch_config_mode = launch_mode()
         self._stream_of = stream_handle_getter()
         self._dev = self.device.index

@@ -15,7 +15,7 @@ import torch
 from mori_core.ops.call_cache import RowBuffer, stream_handle_getter
 from mori_core.ops.combine_quant import combine_quant_code
 from mori_core.ops.config import IMPLEMENTED_KERNEL_TYPES, EpDispatchCombineConfig, normalize_kernel_type
-from mori_core.ops.engines.gpu_common import HandleEngine, byte_view, byte_views, handle_fields, require_gpu_ops
+from mori_core.ops.engines.gpu_common import HandleEngine, byte_view, handle_fields, require_gpu_ops
 from mori_core.ops.launch_config import LaunchParams, checked_grid, launch_mode, resolve
 from mori_core.ops.profiler import PROFILER_BUILD_HINT
 
@@ -42,7 +42,7 @@ class IntraNodeEngine(HandleEngine):
         # must have zeroed them before any peer writes: one collective check does both.
         shmem.verify_symmetric("ep_op_offset", self._handle.heap_offset())
         self._handle.set_combine_quant(combine_quant)
-        self._views = byte_views(self._handle.buffers(), self.device)
+        self._bind_buffers()
         self.launch_config_mode = launch_mode()
         self.failure = _C.EpOpFailure
         # Bound once for the launches (the op's hot path): the native fast calls, the handle's
@@ -54,7 +54,6 @@ class IntraNodeEngine(HandleEngine):
         self._stream_of = stream_handle_getter()
         self._grid = (config.block_num, config.warp_num_per_block, int(self._handle.sm_count),
                       int(self._handle.arch_major), self.launch_config_mode, config.world_size)
-        self._out_weights_ptr = self._views["dispatch_out_weights"].data_ptr()
         from mori_core.ops.engines.intranode_standard_moe import IntraNodeStandardMoe
 
         self.standard_moe = IntraNodeStandardMoe(self._handle, config, self.device, self.failure)
@@ -71,10 +70,9 @@ class IntraNodeEngine(HandleEngine):
                         indices: torch.Tensor, num_tokens: int, row_bytes: int, plan: LaunchParams, finish: bool
                         ) -> None:
         """One kernel completes the exchange (``finish`` is always implied). An empty weights tensor
-        (a rank with no tokens) has address 0, but the address also says whether this round carries
-        weights (receivers weight standard-MoE rows by it): it is passed as a valid buffer instead."""
+        is passed as the placeholder address (see :meth:`HandleEngine._bind_buffers`)."""
         self._dispatch_native(self._addr, input.data_ptr(), row_bytes, num_tokens,
-                              0 if weights is None else (weights.data_ptr() or self._out_weights_ptr),
+                              0 if weights is None else (weights.data_ptr() or self._placeholder),
                               0 if scales is None else scales.data_ptr(), indices.data_ptr(), plan.block_num,
                               plan.warp_per_block, self._stream_of(self._dev))
 
