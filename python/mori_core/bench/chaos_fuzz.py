@@ -176,8 +176,12 @@ def _pd_serve(pipe: Any) -> None:
         if cmd == "stats":
             pipe.send(process_stats(os.getpid()))
         elif cmd == "notified":
-            pipe.send([(m.transfer_id, m.nbytes) for m in got if type(m).__name__ == "ConsumerDone"][-arg:])
-            got.clear()
+            # The server thread appends while this one drains: take a snapshot and delete exactly
+            # those entries (each step is atomic under the GIL), so a notification appended in
+            # between stays for the next call. A plain clear() after the scan dropped it.
+            taken = got[:]
+            del got[:len(taken)]
+            pipe.send([(m.transfer_id, m.nbytes) for m in taken if type(m).__name__ == "ConsumerDone"][-arg:])
         elif cmd == "stop":
             server.close()
             ctx.term()
