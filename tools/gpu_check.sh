@@ -18,6 +18,11 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+# DeepEP (a same-run baseline for the EP sections) builds in the background while the suite
+# builds; sections wait for /tmp/deepep/ok or /tmp/deepep/failed. MORI_GPU_DEEPEP=0 skips it.
+if [ "${MORI_GPU_DEEPEP:-1}" = 1 ] && [ -f .baselines/DeepEP-1.2.1.tar.gz ] && [ ! -f /tmp/deepep/ok ]; then
+  MAX_JOBS=$(( $(nproc) / 2 )) nohup bash tools/gpu/deepep_build.sh /tmp/deepep > "$OUT/deepep_build.txt" 2>&1 &
+fi
 t0=$(date +%s)
 if ! CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) MORI_CUDA_ARCH=${MORI_CUDA_ARCH:-90} python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
   tail -50 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
