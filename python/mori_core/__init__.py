@@ -5,6 +5,7 @@ Areas (imported lazily so ``import mori_core`` stays cheap and torch-free):
 * :mod:`mori_core.io`    — MORI-IO transfer engine (TCP, intra-node GPU, RDMA backends)
 * :mod:`mori_core.shmem` — symmetric memory across the GPUs of a node
 * :mod:`mori_core.ops`   — MORI-EP dispatch/combine
+* :mod:`mori_core.ccl`   — MORI-CCL collectives (copy engines and SM kernels)
 * :mod:`mori_core.bench` — benchmark CLI (``python -m mori_core.bench``)
 """
 
@@ -14,9 +15,9 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["io", "shmem", "ops", "bench", "build_info", "__version__"]
+__all__ = ["io", "shmem", "ops", "ccl", "bench", "build_info", "__version__"]
 
-_SUBMODULES = {"io", "shmem", "ops", "bench"}
+_SUBMODULES = {"io", "shmem", "ops", "ccl", "bench"}
 
 
 def build_info() -> dict[str, Any]:

@@ -15,6 +15,9 @@ void RegisterXgmiTesting(pybind11::module_& m);
 #ifdef MORI_HAS_SHMEM_BINDINGS
 void RegisterShmem(pybind11::module_& m);
 #endif
+#ifdef MORI_HAS_CCL_BINDINGS
+void RegisterCcl(pybind11::module_& m);
+#endif
 #ifdef MORI_HAS_OPS_BINDINGS
 void RegisterOps(pybind11::module_& m);
 // Dispatch/combine launch functions that skip pybind11's argument loader.

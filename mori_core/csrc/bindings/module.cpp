@@ -47,6 +47,11 @@ PYBIND11_MODULE(_C, m) {
 #else
         d["ops"] = false;
 #endif
+#ifdef MORI_HAS_CCL_BINDINGS
+        d["ccl"] = true;
+#else
+        d["ccl"] = false;
+#endif
         d["profiler"] = MORI_ENABLE_PROFILER != 0;
         py::list phases;
         for (const char* name : mori::ep::kEpProfilerPhaseNames) phases.append(name);
@@ -71,5 +76,8 @@ PYBIND11_MODULE(_C, m) {
 #endif
 #ifdef MORI_HAS_OPS_BINDINGS
   mori::bindings::RegisterOps(m);
+#endif
+#ifdef MORI_HAS_CCL_BINDINGS
+  mori::bindings::RegisterCcl(m);
 #endif
 }

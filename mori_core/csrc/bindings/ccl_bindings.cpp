@@ -1,0 +1,74 @@
+// Bindings of MORI-CCL's native handle (mori_core.ccl builds the MORI API on top of it).
+// Tensors arrive as addresses and byte counts; streams as integer handles.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.hpp"
+#include "ccl/ccl_handle.hpp"
+#include "ccl/stream_memops.hpp"
+
+namespace py = pybind11;
+using namespace mori::ccl;
+
+namespace mori::bindings {
+
+void RegisterCcl(py::module_& m) {
+  py::class_<CclHandle>(m, "CclHandle")
+      .def(py::init([](int kind, int rank, int npes, uint64_t input_bytes, int red, int engine, uint64_t ce_min_bytes,
+                       uint64_t oneshot_max_bytes, uint64_t ar_ce_min_bytes, int sm_blocks, int sm_threads,
+                       int reduce_blocks, double timeout_s, bool ce_batch, bool ce_signal_copy) {
+             Options o;
+             o.engine = static_cast<Engine>(engine);
+             o.ce_min_bytes = ce_min_bytes;
+             o.oneshot_max_bytes = oneshot_max_bytes;
+             o.ar_ce_min_bytes = ar_ce_min_bytes;
+             o.sm_blocks = sm_blocks;
+             o.sm_threads = sm_threads;
+             o.reduce_blocks = reduce_blocks;
+             o.timeout_s = timeout_s;
+             o.ce_batch = ce_batch;
+             o.ce_signal_copy = ce_signal_copy;
+             py::gil_scoped_release release;
+             return new CclHandle(static_cast<Kind>(kind), rank, npes, input_bytes, static_cast<RedType>(red), o);
+           }),
+           py::arg("kind"), py::arg("rank"), py::arg("npes"), py::arg("input_bytes"), py::arg("red"), py::arg("engine"),
+           py::arg("ce_min_bytes"), py::arg("oneshot_max_bytes"), py::arg("ar_ce_min_bytes"), py::arg("sm_blocks"),
+           py::arg("sm_threads"), py::arg("reduce_blocks"), py::arg("timeout_s"), py::arg("ce_batch"),
+           py::arg("ce_signal_copy"))
+      .def(
+          "run",
+          [](CclHandle& h, uintptr_t in, uintptr_t out, uint64_t nbytes, uintptr_t stream) {
+            return static_cast<int>(h.Run(in, out, nbytes, stream));
+          },
+          py::arg("input"), py::arg("output"), py::arg("nbytes"), py::arg("stream"),
+          "Enqueue one call; returns the path code that ran (see path_names).")
+      .def(
+          "start",
+          [](CclHandle& h, uintptr_t in, uintptr_t out, uint64_t nbytes, uintptr_t stream) {
+            return static_cast<int>(h.Start(in, out, nbytes, stream));
+          },
+          py::arg("input"), py::arg("output"), py::arg("nbytes"), py::arg("stream"))
+      .def(
+          "finish", [](CclHandle& h, uintptr_t stream) { return static_cast<int>(h.Finish(stream)); },
+          py::arg("stream"))
+      .def(
+          "choose", [](const CclHandle& h, uint64_t nbytes) { return static_cast<int>(h.Choose(nbytes)); },
+          py::arg("nbytes"))
+      .def("close", &CclHandle::Close, py::call_guard<py::gil_scoped_release>(),
+           "Collective: a last barrier with every peer, then free the heap buffers (idempotent).")
+      .def("reset_flags", &CclHandle::ResetFlags, py::call_guard<py::gil_scoped_release>())
+      .def("error", &CclHandle::Error, "'' while healthy, else what failed (names the peer).")
+      .def_property_readonly("async_pending", &CclHandle::async_pending)
+      .def_property_readonly("device", &CclHandle::device)
+      .def_property_readonly("heap_bytes", &CclHandle::heap_bytes)
+      .def_property_readonly("sync_offset", &CclHandle::sync_offset)
+      .def_property_readonly("ce_available", &CclHandle::ce_available);
+  py::list names;
+  for (int p = 0; p <= static_cast<int>(Path::kCeAllReduce); ++p) names.append(PathName(static_cast<Path>(p)));
+  m.attr("ccl_path_names") = names;
+  m.def(
+      "ccl_copy_engine_unavailable", [] { return StreamMemOpsUnavailable(); },
+      "'' when the copy-engine path can run here (stream memory operations), else why not.");
+}
+
+}  // namespace mori::bindings
