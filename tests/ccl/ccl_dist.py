@@ -48,3 +48,15 @@ def close_to(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, npes: int) ->
         return torch.equal(a.cpu().view(torch.int32), b.cpu().view(torch.int32))
     tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5}[dtype] * npes
     return torch.allclose(a.cpu().float(), b.cpu().float(), rtol=tol, atol=tol)
+
+
+def init_shmem_rank(rank: int, world: int) -> torch.device:
+    """In a GPU rank (process group already up): register it as "default", initialise mori
+    shmem over it; returns the rank's device."""
+    import torch.distributed as dist
+
+    import mori_core.shmem as shmem
+
+    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    shmem.shmem_torch_process_group_init("default")
+    return torch.device("cuda", torch.cuda.current_device())

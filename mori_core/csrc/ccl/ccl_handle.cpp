@@ -303,7 +303,11 @@ bool CclHandle::OnStuck(int site) {
 void CclHandle::OrderAfterLast(gpuStream_t s) {
   if (!has_last_ || last_stream_ == s) return;
   if (Capturing(s) || Capturing(last_stream_)) return;  // a capture starts after a synchronize
-  MORI_GPU_CHECK(gpuEventRecord(last_ev_, last_stream_));
+  // The previous call's stream may be gone (a destroyed user stream): then nothing to order after.
+  if (gpuEventRecord(last_ev_, last_stream_) != gpuSuccess) {
+    (void)gpuGetLastError();
+    return;
+  }
   MORI_GPU_CHECK(gpuStreamWaitEvent(s, last_ev_, 0));
 }
 
@@ -416,10 +420,6 @@ void CclHandle::Close() {
   if (closed_) return;
   closed_ = true;
   const bool heap_alive = generation_ == shmem::Generation() && shmem::Initialized();
-  if (watched_) {
-    UnwatchSites(this);
-    watched_ = false;
-  }
   DeviceGuard guard(device_);
   if (heap_alive && (gpuDeviceSynchronize() == gpuSuccess)) {
     if (Error().empty()) {
@@ -435,6 +435,10 @@ void CclHandle::Close() {
     }
   }
   (void)gpuGetLastError();
+  if (watched_) {  // only now: the synchronize above relies on the watchdog to end a stuck wait
+    UnwatchSites(this);
+    watched_ = false;
+  }
   Free(ce_red_);
   Free(ce_buf_);
   Free(sm_red_);

@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "moe": ("mori_core.bench.moe", "one MoE layer (dispatch + experts + combine) vs a single-GPU baseline"),
     "omni": ("mori_core.bench.omni", "vLLM-Omni connector put/get timings (seed 004's table)"),
     "vllm-pd": ("mori_core.bench.vllm_pd", "vLLM PD disaggregation: TTFT and KV transfer per request (MoriSuiteConnector)"),
+    "ccl": ("mori_core.bench.ccl", "MORI-CCL collectives (copy engines, SM) vs NCCL and torch symmetric memory (GPU)"),
     "chaos": ("mori_core.bench.chaos", "reliability: fuzz every listener, kill/stop/reset/deregister faults, load"),
 }
 

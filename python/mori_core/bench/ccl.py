@@ -1,0 +1,519 @@
+"""``python -m mori_core.bench ccl``: MORI-CCL next to NCCL (torch.distributed) and torch's
+symmetric-memory all-reduce, measured in the same run, one rank per GPU.
+
+Tables (latencies are the slowest rank's median of back-to-back eager calls, each timed with a
+CUDA event pair; host time is the median wall time of the call itself; bus bandwidth uses NCCL's
+definitions: all-reduce 2(n-1)/n*S/t, all-gather (n-1)*S/t, all-to-all (n-1)/n*S/t for S bytes
+of input per rank):
+
+* latency / bandwidth per size (8 KiB ... 256 MiB per rank) for every engine of ours
+  (auto, ce = copy engines, sm = kernels) and the baselines, plus CUDA-graph time per call for
+  small all-reduces;
+* the overlap row: a bf16 GEMM alone, and beside back-to-back 64 MiB all-gathers (ours on copy
+  engines, ours on SMs, NCCL): the GEMM's throughput kept;
+* copy-engine ceilings (``--ceilings``): a local copy and peer pulls/pushes with cudaMemcpyAsync;
+* the tuning sweep (``--sweep``): one-shot vs two-shot vs copy engines and SM block counts for the
+  all-reduce, SM vs copy engines for all-gather / all-to-all (what the defaults are picked from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+from mori_core.bench.table import fmt_bytes, print_table
+
+COLLECTIVES = ("allreduce", "allgather", "all2all")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+MIB = 1 << 20
+
+
+def _sizes(text: str) -> list[int]:
+    from mori_core.ccl.options import parse_bytes
+
+    return [parse_bytes(s, "--sizes") for s in text.split(",") if s.strip()]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of the CCL benchmark."""
+    p.add_argument("--world-size", type=int, default=0, help="ranks, one per GPU (default: min(4, GPUs))")
+    p.add_argument("--sizes", default="8K,64K,256K,1M,4M,16M,64M,256M", help="input bytes per rank")
+    p.add_argument("--collectives", default=",".join(COLLECTIVES))
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--engines", default="auto,ce,sm", help="our engines to time (auto, ce, sm)")
+    p.add_argument("--iters", type=int, default=0, help="timed calls per point (0: by size)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--no-baselines", action="store_true", help="skip NCCL and torch symmetric memory")
+    p.add_argument("--no-overlap", action="store_true", help="skip the GEMM overlap row")
+    p.add_argument("--overlap-bytes", default="64M", help="all-gather input bytes per rank beside the GEMM")
+    p.add_argument("--gemm", type=int, default=8192, help="M=N=K of the bf16 GEMM")
+    p.add_argument("--ceilings", action="store_true", help="copy-engine ceilings (local copy, peer pulls/pushes)")
+    p.add_argument("--sweep", action="store_true", help="thresholds / block-count sweep for picking defaults")
+    p.add_argument("--json", default="", help="write every row to this JSON file")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from mori_core.bench.ep.measure import spawn_ranks
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    world = args.world_size or min(4, gpus)
+    if world < 2 or gpus < world:
+        print(f"ccl benchmark: needs >= 2 GPUs, one rank per GPU ({gpus} visible, world {world})")
+        return 2
+    os.environ.setdefault("MORI_SHMEM_HEAP_SIZE", "8G")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    args.sizes_list = _sizes(args.sizes)
+    args.overlap_nbytes = _sizes(args.overlap_bytes)[0]
+    t0 = time.time()
+    per_rank = spawn_ranks(_rank_main, world, args)
+    if per_rank is None:
+        return 1
+    rows = _merge(per_rank)
+    _print(rows, world, args, torch.cuda.get_device_name(0))
+    print(f"\n(ccl benchmark: {world} ranks, {time.time() - t0:.0f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+# ----------------------------------------------------------------------------- in a rank
+def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) -> None:
+    from mori_core.bench.ep.measure import run_rank
+
+    run_rank(rank, world, port, q, lambda dev, sync: _measure_rank(rank, world, dev, sync, args))
+
+
+def _cpu_barrier() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(1))  # over gloo: no GPU stream involved
+
+
+def _iters(args: argparse.Namespace, nbytes: int) -> int:
+    if args.iters:
+        return args.iters
+    return 40 if nbytes <= 4 * MIB else 15 if nbytes <= 64 * MIB else 8
+
+
+def _eager(fn: Callable[[], Any], calls: int, warmup: int) -> tuple[float, float]:
+    """(median GPU us, median host us) of ``calls`` back-to-back calls, an event pair around each."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    _cpu_barrier()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    host = []
+    for i in range(calls):
+        starts[i].record()
+        t0 = time.perf_counter_ns()
+        fn()
+        host.append(time.perf_counter_ns() - t0)
+        ends[i].record()
+    torch.cuda.synchronize()
+    us = [s.elapsed_time(e) * 1000 for s, e in zip(starts, ends)]
+    return statistics.median(us), statistics.median(host) / 1000
+
+
+def _graph(fn: Callable[[], Any], per_graph: int = 10, replays: int = 10) -> float:
+    """Median GPU us per call of ``fn`` captured ``per_graph`` times into one CUDA graph."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    _cpu_barrier()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        for _ in range(per_graph):
+            fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        _cpu_barrier()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / per_graph)
+    del g
+    return statistics.median(times)
+
+
+def _ours(kind: str, rank: int, world: int, in_bytes: int, dtype: Any, **opts: Any) -> Any:
+    from mori_core.ccl import All2allSdma, AllgatherSdma, AllreduceSdma
+    from mori_core.ccl.options import CclOptions
+
+    o = CclOptions.resolve(**opts)
+    if kind == "allreduce":
+        return AllreduceSdma(rank, world, input_buffer_size=in_bytes, output_buffer_size=in_bytes, dtype=dtype,
+                             options=o)
+    if kind == "allgather":
+        return AllgatherSdma(rank, world, input_buffer_size=in_bytes, output_buffer_size=in_bytes * world, options=o)
+    return All2allSdma(rank, world, input_buffer_size=in_bytes, output_buffer_size=in_bytes, options=o)
+
+
+def _call(kind: str, op: Any, x: Any, out: Any, nbytes: int, esize: int, world: int) -> Callable[[], Any]:
+    count = nbytes // esize if kind != "all2all" else nbytes // esize // world
+    return lambda: op(x, out, count)
+
+
+def _nccl(kind: str, x: Any, out: Any, nbytes: int, esize: int, world: int) -> Callable[[], Any]:
+    import torch.distributed as dist
+
+    n = nbytes // esize
+    xi = x[:n]
+    if kind == "allreduce":
+        return lambda: dist.all_reduce(xi)
+    if kind == "allgather":
+        o = out[: n * world]
+        return lambda: dist.all_gather_into_tensor(o, xi)
+    o = out[:n]
+    return lambda: dist.all_to_all_single(o, xi)
+
+
+def _symm(rank: int, dev: Any, dtype: Any, max_bytes: int) -> Optional[tuple[Any, str]]:
+    """A symmetric-memory tensor of torch (rendezvous over the world group), or None."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group_name = dist.group.WORLD.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            try:
+                symm_mem.enable_symm_mem_for_group(group_name)
+            except Exception:
+                pass
+        t = symm_mem.empty(max_bytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype, device=dev)
+        symm_mem.rendezvous(t, group_name)
+        return t, group_name
+    except Exception as e:  # reported in the table as n/a
+        if rank == 0:
+            print(f"torch symmetric memory unavailable: {type(e).__name__}: {e}", flush=True)
+        return None
+
+
+def _measure_rank(rank: int, world: int, dev: Any, sync: Callable[[], None], args: argparse.Namespace) -> list[dict]:
+    import torch
+
+    dtype = getattr(torch, DTYPES[args.dtype])
+    esize = torch.empty((), dtype=dtype).element_size()
+    rows: list[dict] = []
+    sizes = args.sizes_list
+    max_bytes = max(sizes)
+    engines = [e for e in args.engines.split(",") if e]
+    for kind in [k for k in args.collectives.split(",") if k]:
+        x = torch.randn(max_bytes // esize, device=dev).to(dtype)
+        out = torch.empty(max_bytes // esize * (world if kind == "allgather" else 1), dtype=dtype, device=dev)
+        ops = {e: _ours(kind, rank, world, max_bytes, dtype, engine=e) for e in engines}
+        symm = _symm(rank, dev, dtype, max_bytes) if kind == "allreduce" and not args.no_baselines else None
+        for nbytes in sizes:
+            calls = _iters(args, nbytes)
+            impls: list[tuple[str, Callable[[], Any], str]] = []
+            for e, op in ops.items():
+                impls.append((f"ours {e}", _call(kind, op, x, out, nbytes, esize, world), op.engine_for(
+                    nbytes if kind != "all2all" else nbytes // world)))
+            if not args.no_baselines:
+                impls.append(("nccl", _nccl(kind, x, out, nbytes, esize, world), "nccl"))
+                if symm is not None:
+                    t, gname = symm
+                    n = nbytes // esize
+                    view = t[:n]
+                    if nbytes <= 16 * MIB:
+                        impls.append(("torch symm 1-shot",
+                                      lambda v=view, g=gname: torch.ops.symm_mem.one_shot_all_reduce(v, "sum", g), "symm"))
+                    impls.append(("torch symm 2-shot",
+                                  lambda v=view, g=gname: torch.ops.symm_mem.two_shot_all_reduce_(v, "sum", g), "symm"))
+            for name, fn, path in impls:
+                row = dict(table="latency", kind=kind, bytes=nbytes, impl=name, path=path)
+                try:
+                    us, host = _eager(fn, calls, args.warmup)
+                    row.update(us=us, host_us=host)
+                except Exception as e:
+                    row.update(error=f"{type(e).__name__}: {str(e)[:120]}")
+                    torch.cuda.synchronize()
+                if "us" in row and kind == "allreduce" and nbytes <= MIB and name in ("ours auto", "nccl",
+                                                                                      "torch symm 1-shot"):
+                    try:
+                        row["graph_us"] = _graph(fn)
+                    except Exception as e:
+                        row.update(error=f"graph: {type(e).__name__}: {str(e)[:100]}")
+                        torch.cuda.synchronize()
+                rows.append(row)
+        for op in ops.values():
+            op.check_error()
+            op.close()
+        del x, out, symm
+        torch.cuda.empty_cache()
+        sync()
+    if not args.no_overlap:
+        rows += _overlap(rank, world, dev, args)
+    if args.ceilings:
+        rows += _ceilings(rank, world, dev)
+    if args.sweep:
+        rows += _sweep(rank, world, dev, dtype, esize, args)
+    return rows
+
+
+def _overlap(rank: int, world: int, dev: Any, args: argparse.Namespace) -> list[dict]:
+    """A bf16 GEMM alone, then beside back-to-back all-gathers of ``--overlap-bytes`` per rank."""
+    import torch
+    import torch.distributed as dist
+
+    n = args.gemm
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+    nbytes = args.overlap_nbytes
+    x = torch.randn(nbytes // 2, device=dev).to(torch.bfloat16)
+    out = torch.empty(x.numel() * world, dtype=torch.bfloat16, device=dev)
+    gemm_s, comm_s = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    gemms = 20
+
+    def gemm_window(comm: Optional[Callable[[], Any]], comm_calls: int) -> tuple[float, float]:
+        for _ in range(3):
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        _cpu_barrier()
+        ce0, ce1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if comm is not None:
+            with torch.cuda.stream(comm_s):
+                ce0.record()
+                for _ in range(comm_calls):
+                    comm()
+                ce1.record()
+        with torch.cuda.stream(gemm_s):
+            g0.record()
+            for _ in range(gemms):
+                torch.matmul(a, b, out=c)
+            g1.record()
+        torch.cuda.synchronize()
+        per_comm = ce0.elapsed_time(ce1) * 1000 / comm_calls if comm is not None else 0.0
+        return g0.elapsed_time(g1) * 1000 / gemms, per_comm
+
+    rows = []
+    solo, _ = gemm_window(None, 0)
+    flops = 2.0 * n * n * n
+    rows.append(dict(table="overlap", impl="GEMM alone", gemm_us=solo, tflops=flops / solo / 1e6, kept=1.0, comm_us=0.0))
+    from mori_core.ccl import AllgatherSdma
+    from mori_core.ccl.options import CclOptions
+
+    comms: list[tuple[str, Callable[[], Any], Any]] = []
+    for engine in ("ce", "sm"):
+        op = AllgatherSdma(rank, world, input_buffer_size=nbytes, output_buffer_size=nbytes * world,
+                           options=CclOptions.resolve(engine=engine))
+        comms.append((f"+ ours {engine} all-gather", lambda op=op: op(x, out, x.numel(), comm_s), op))
+    if not args.no_baselines:
+        comms.append(("+ nccl all-gather", lambda: dist.all_gather_into_tensor(out, x), None))
+    for name, fn, op in comms:
+        try:
+            with torch.cuda.stream(comm_s):
+                us_ag, _ = _eager(fn, 5, 2)
+            calls = max(4, int(solo * gemms / max(us_ag, 1.0)) + 4)  # cover the whole GEMM window
+            g_us, c_us = gemm_window(fn, calls)
+            rows.append(dict(table="overlap", impl=name, gemm_us=g_us, tflops=flops / g_us / 1e6, kept=solo / g_us,
+                             comm_us=c_us, comm_alone_us=us_ag))
+        except Exception as e:
+            rows.append(dict(table="overlap", impl=name, error=f"{type(e).__name__}: {str(e)[:120]}"))
+        if op is not None:
+            op.check_error()
+            op.close()
+    return rows
+
+
+def _ceilings(rank: int, world: int, dev: Any) -> list[dict]:
+    """What cudaMemcpyAsync moves here: a local copy, one peer pull, all peers pulled at once,
+    all peers pushed at once (64 MiB each), on the symmetric heap."""
+    import torch
+
+    import mori_core.shmem as shmem
+    from mori_core.ops.engines.gpu_common import byte_view
+
+    nbytes = 64 * MIB
+    src_ptr = shmem.shmem_malloc(nbytes)
+    dst_ptr = shmem.shmem_malloc(nbytes * world)
+    src = byte_view(src_ptr, nbytes, dev)
+    dst = byte_view(dst_ptr, nbytes * world, dev)
+    src.fill_(rank)
+    peers = [p for p in range(world) if p != rank]
+    peer_src = {p: byte_view(shmem.shmem_ptr_p2p(src_ptr, rank, p), nbytes, dev) for p in peers}
+    peer_dst = {p: byte_view(shmem.shmem_ptr_p2p(dst_ptr, rank, p) + rank * nbytes, nbytes, dev) for p in peers}
+    streams = {p: torch.cuda.Stream(dev) for p in peers}
+    local = byte_view(dst_ptr + rank * nbytes, nbytes, dev)
+    shmem.shmem_barrier_all()
+
+    def fan(pairs: list[tuple[Any, Any, Any]]) -> Callable[[], None]:
+        def go() -> None:
+            cur = torch.cuda.current_stream(dev)
+            for s, d, sr in pairs:
+                s.wait_stream(cur)
+                with torch.cuda.stream(s):
+                    d.copy_(sr)
+            for s, _, _ in pairs:
+                cur.wait_stream(s)
+        return go
+
+    tests = [
+        ("local copy", lambda: local.copy_(src), nbytes),
+        ("1 peer pull", lambda: dst[: nbytes].copy_(peer_src[peers[0]]), nbytes),
+        (f"{len(peers)} peer pulls at once", fan([(streams[p], dst[p * nbytes : (p + 1) * nbytes], peer_src[p])
+                                                  for p in peers]), nbytes * len(peers)),
+        (f"{len(peers)} peer pushes at once", fan([(streams[p], peer_dst[p], src) for p in peers]), nbytes * len(peers)),
+    ]
+    rows = []
+    for name, fn, moved in tests:
+        us, host = _eager(fn, 10, 2)
+        rows.append(dict(table="ceilings", impl=name, bytes=moved, us=us, host_us=host))
+        shmem.shmem_barrier_all()
+    shmem.shmem_free(dst_ptr)
+    shmem.shmem_free(src_ptr)
+    return rows
+
+
+def _sweep(rank: int, world: int, dev: Any, dtype: Any, esize: int, args: argparse.Namespace) -> list[dict]:
+    """All-reduce: one-shot / two-shot / copy engines per size and SM block count; all-gather and
+    all-to-all: SM (two block counts) vs copy engines, and the copy engines' sync options."""
+    import torch
+
+    rows = []
+    big = 64 * MIB
+    x = torch.randn(big // esize, device=dev).to(dtype)
+    out = torch.empty(big // esize * world, dtype=dtype, device=dev)
+    variants = {
+        "allreduce": [("1-shot", dict(engine="sm", oneshot_max_bytes=big), (16, 32, 64)),
+                      ("2-shot", dict(engine="sm", oneshot_max_bytes=0), (16, 32, 64, 128)),
+                      ("ce", dict(engine="ce"), (0,))],
+        "allgather": [("sm", dict(engine="sm"), (32, 64, 128)), ("ce", dict(engine="ce"), (0,)),
+                      ("ce copy-signal", dict(engine="ce", ce_signal="copy"), (0,)),
+                      ("ce unbatched", dict(engine="ce", ce_batch=False), (0,))],
+        "all2all": [("sm", dict(engine="sm"), (32, 64, 128)), ("ce", dict(engine="ce"), (0,))],
+    }
+    sizes = {"allreduce": [8 << 10, 32 << 10, 128 << 10, 512 << 10, 2 * MIB, 8 * MIB, 32 * MIB, 64 * MIB],
+             "allgather": [256 << 10, MIB, 4 * MIB, 16 * MIB, 64 * MIB],
+             "all2all": [256 << 10, MIB, 4 * MIB, 16 * MIB, 64 * MIB]}
+    for kind, vs in variants.items():
+        for label, opts, blocks in vs:
+            for nb in blocks:
+                o = dict(opts, sm_blocks=nb) if nb else dict(opts)
+                op = _ours(kind, rank, world, big, dtype, **o)
+                for nbytes in sizes[kind]:
+                    if label.startswith("ce") and kind == "allgather" and label != "ce" and nbytes not in (MIB, 16 * MIB):
+                        continue
+                    us, host = _eager(_call(kind, op, x, out, nbytes, esize, world), 10 if nbytes <= 8 * MIB else 5, 2)
+                    rows.append(dict(table="sweep", kind=kind, impl=label, blocks=nb, bytes=nbytes, us=us, host_us=host))
+                op.check_error()
+                op.close()
+    return rows
+
+
+# ----------------------------------------------------------------------------- rank 0
+def _merge(per_rank: dict[int, list[dict]]) -> list[dict]:
+    """Row i of every rank: times from the slowest rank (max), host times too."""
+    ranks = sorted(per_rank)
+    out = []
+    for i, row in enumerate(per_rank[ranks[0]]):
+        merged = dict(row)
+        for key in ("us", "host_us", "graph_us", "gemm_us", "comm_us", "comm_alone_us"):
+            vals = [per_rank[r][i].get(key) for r in ranks if per_rank[r][i].get(key) is not None]
+            if vals:
+                merged[key] = max(vals)
+        if "gemm_us" in merged and "tflops" in row:
+            kept = [per_rank[r][i].get("kept") for r in ranks if per_rank[r][i].get("kept") is not None]
+            merged["kept"] = min(kept) if kept else None
+            merged["tflops"] = min(per_rank[r][i]["tflops"] for r in ranks if "tflops" in per_rank[r][i])
+        errs = [per_rank[r][i].get("error") for r in ranks if per_rank[r][i].get("error")]
+        if errs:
+            merged["error"] = errs[0]
+        out.append(merged)
+    return out
+
+
+def busbw(kind: str, nbytes: int, us: float, world: int) -> float:
+    """Bus bandwidth in GB/s (NCCL's definitions) for ``nbytes`` of input per rank."""
+    if not us:
+        return 0.0
+    factor = {"allreduce": 2 * (world - 1) / world, "allgather": world - 1, "all2all": (world - 1) / world}[kind]
+    return factor * nbytes / us / 1e3
+
+
+def _print(rows: list[dict], world: int, args: argparse.Namespace, gpu: str) -> None:
+    hw = f"{world}x {gpu}, {args.dtype}, one rank per GPU"
+    for kind in COLLECTIVES:
+        lat = [r for r in rows if r["table"] == "latency" and r["kind"] == kind]
+        if not lat:
+            continue
+        nccl = {r["bytes"]: r.get("us") for r in lat if r["impl"] == "nccl"}
+        table = []
+        for r in lat:
+            us = r.get("us")
+            base = nccl.get(r["bytes"])
+            table.append([fmt_bytes(r["bytes"]), r["impl"], r.get("path", ""),
+                          us if us is not None else "n/a", r.get("host_us", "n/a"), r.get("graph_us", ""),
+                          busbw(kind, r["bytes"], us, world) if us else "",
+                          (base / us) if (us and base) else "", r.get("error", "")])
+        print_table(f"{kind}: eager latency per call ({hw})",
+                    ["per rank", "impl", "path", "us", "host us", "graph us", "bus GB/s", "NCCL/ours", "error"], table,
+                    "us: slowest rank's median of back-to-back calls (event pair per call); host us: the call's wall "
+                    "time; graph us: per call, 10 calls per CUDA graph; NCCL/ours > 1: ours faster")
+        summary = []
+        for nbytes in sorted({r["bytes"] for r in lat}):
+            ours = [r for r in lat if r["bytes"] == nbytes and r["impl"].startswith("ours") and r.get("us")]
+            best = min(ours, key=lambda r: r["us"]) if ours else None
+            symm = [r["us"] for r in lat if r["bytes"] == nbytes and r["impl"].startswith("torch symm") and r.get("us")]
+            base = nccl.get(nbytes)
+            summary.append([fmt_bytes(nbytes), base or "n/a", min(symm) if symm else "",
+                            f"{best['us']:.1f} ({best['impl'][5:]}/{best['path']})" if best else "n/a",
+                            busbw(kind, nbytes, best["us"], world) if best else "",
+                            busbw(kind, nbytes, base, world) if base else "",
+                            (best["us"] / base) if (best and base) else ""])
+        print_table(f"{kind}: best of ours vs NCCL ({hw})",
+                    ["per rank", "NCCL us", "torch symm us", "ours us (engine/path)", "ours bus GB/s", "NCCL bus GB/s",
+                     "ours/NCCL time"], summary)
+    ov = [r for r in rows if r["table"] == "overlap"]
+    if ov:
+        print_table(f"overlap: bf16 GEMM {args.gemm}^3 beside back-to-back all-gathers of {fmt_bytes(args.overlap_nbytes)} "
+                    f"per rank ({hw})",
+                    ["run", "GEMM us", "GEMM TFLOP/s", "kept vs alone", "all-gather us (beside)", "all-gather us (alone)",
+                     "error"],
+                    [[r["impl"], r.get("gemm_us", ""), r.get("tflops", ""), r.get("kept", ""), r.get("comm_us", ""),
+                      r.get("comm_alone_us", ""), r.get("error", "")] for r in ov],
+                    "slowest rank; kept = GEMM throughput beside the all-gathers / alone (target >= 0.95 for ours on "
+                    "copy engines)")
+    ce = [r for r in rows if r["table"] == "ceilings"]
+    if ce:
+        print_table(f"copy-engine ceilings: cudaMemcpyAsync on the symmetric heap ({hw})",
+                    ["copy", "bytes", "us", "GB/s", "host us"],
+                    [[r["impl"], fmt_bytes(r["bytes"]), r["us"], r["bytes"] / r["us"] / 1e3, r["host_us"]] for r in ce])
+    sw = [r for r in rows if r["table"] == "sweep"]
+    for kind in COLLECTIVES:
+        k = [r for r in sw if r["kind"] == kind]
+        if not k:
+            continue
+        sizes = sorted({r["bytes"] for r in k})
+        variants = []
+        for r in k:
+            v = (r["impl"], r["blocks"])
+            if v not in variants:
+                variants.append(v)
+        table = []
+        for impl, nb in variants:
+            by = {r["bytes"]: r["us"] for r in k if r["impl"] == impl and r["blocks"] == nb}
+            table.append([impl, nb or "-"] + [by.get(s, "") for s in sizes])
+        print_table(f"sweep {kind}: us per call (slowest rank's median)", ["variant", "blocks"] +
+                    [fmt_bytes(s) for s in sizes], table)
