@@ -23,7 +23,9 @@ FLAGS=(-std=c++17 -O2 -Wall -Wno-unused-parameter -DMORI_WITH_GPU=1 -DMORI_WITH_
 status=0
 for f in mori_core/csrc/ops/ep_dispatch.cu mori_core/csrc/ops/ep_combine.cu mori_core/csrc/ops/ep_combine_bf16.cu mori_core/csrc/ops/ep_combine_fp32.cu mori_core/csrc/ops/ep_launch_probe.cu \
          mori_core/csrc/ops/ep_combine_fp8.cu mori_core/csrc/ops/ep_combine_std.cu mori_core/csrc/ops/ep_standard_moe.cu \
-         mori_core/csrc/io/p2p/scatter_copy.cu mori_core/csrc/io/p2p/copy_proxy.cu; do
+         mori_core/csrc/io/p2p/scatter_copy.cu mori_core/csrc/io/p2p/copy_proxy.cu \
+         mori_core/csrc/ccl/ccl_kernels.cu mori_core/csrc/ccl/ccl_reduce_f32.cu mori_core/csrc/ccl/ccl_reduce_f16.cu \
+         mori_core/csrc/ccl/ccl_reduce_bf16.cu mori_core/csrc/ccl/ccl_reduce_i32.cu; do
   echo "hipcc --offload-arch=$ARCH $f"
   hipcc -x hip --offload-arch="$ARCH" "${FLAGS[@]}" -c "$f" -o "$OUTDIR/$(basename "$f").o" || status=1
 done
@@ -31,7 +33,9 @@ for f in mori_core/csrc/ops/ep_handle_base.cpp mori_core/csrc/ops/ep_handle.cpp 
          mori_core/csrc/shmem/shmem_state.cpp mori_core/csrc/shmem/heap_allocator.cpp \
          mori_core/csrc/common/gpu_runtime.cpp mori_core/csrc/io/p2p/ipc_cache.cpp \
          mori_core/csrc/io/p2p/stream_pool.cpp mori_core/csrc/io/p2p/signal_slots.cpp mori_core/csrc/io/p2p/completion_waiter.cpp \
-         mori_core/csrc/io/p2p/xgmi_backend.cpp mori_core/csrc/io/tcp/gpu_staging.cpp; do
+         mori_core/csrc/io/p2p/xgmi_backend.cpp mori_core/csrc/io/tcp/gpu_staging.cpp \
+         mori_core/csrc/ccl/ccl_handle.cpp mori_core/csrc/ccl/ce_collectives.cpp mori_core/csrc/ccl/ce_watchdog.cpp \
+         mori_core/csrc/ccl/stream_memops.cpp; do
   echo "hipcc (host) $f"
   hipcc -x hip --offload-arch="$ARCH" "${FLAGS[@]}" -c "$f" -o "$OUTDIR/$(basename "$f").o" || status=1
 done

@@ -11,7 +11,7 @@ import torch
 
 # The EP tests' runner: spawns N ranks, bounds the run, reports every failing rank's traceback.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ep"))
-from ep_dist_utils import free_port, run_ranks  # noqa: E402,F401
+from ep_dist_utils import run_ranks  # noqa: E402,F401 - re-exported to the CCL tests
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INT_DTYPES = (torch.int32, torch.uint32)

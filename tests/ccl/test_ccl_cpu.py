@@ -5,7 +5,6 @@ One spawn per world size runs every case, so CI pays the process start-up twice.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch

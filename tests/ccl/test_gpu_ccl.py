@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 import torch
@@ -81,6 +81,7 @@ class Case:
             self.failures.append(what)
 
     def part(self, name: str, fn: Callable[[], None]) -> None:
+        print(f"rank {self.rank}: {name} ...", flush=True)  # where a hang stopped shows in the log
         t0 = time.perf_counter()
         try:
             fn()
@@ -311,6 +312,30 @@ def _bad_input(c: Case, rank: int, world: int, dev: torch.device) -> None:
     ar.close()
 
 
+def _into_tensor(c: Case, rank: int, world: int, dev: torch.device) -> None:
+    """upstream's NCCL-style entry point through the alias: raw addresses, a DataType, an int
+    stream handle; sync and async, byte counts that are not a multiple of 4."""
+    import mori.ccl as mccl
+
+    agit = mccl.AllGatherIntoTensor(my_pe=rank, npes=world, input_buffer_size=MIB, output_buffer_size=MIB * world,
+                                    copy_output_to_user=True, auto_register=False)
+    for dt, tdt, n in ((mccl.DataType.BFloat16, torch.bfloat16, 4097), (mccl.DataType.Int8, torch.int8, 3),
+                       (mccl.DataType.Float64, torch.float64, 1000)):
+        x = _gen(n, rank, n, torch.float32 if tdt == torch.float64 else tdt, dev).to(tdt)
+        out = torch.zeros(world * n, dtype=tdt, device=dev)
+        s = torch.cuda.current_stream(dev).cuda_stream
+        c.check(agit(x.data_ptr(), out.data_ptr(), n, dt, s) is True, "AllGatherIntoTensor did not return True")
+        ref = torch.cat([_gen(n, r, n, torch.float32 if tdt == torch.float64 else tdt, dev).to(tdt) for r in range(world)])
+        torch.cuda.synchronize()
+        c.check(_same_bits(out, ref), f"AllGatherIntoTensor {dt!r} n={n}: differs")
+        out.zero_()
+        agit.start_async(x.data_ptr(), out.data_ptr(), n, dt, s)
+        agit.wait_async(s)
+        torch.cuda.synchronize()
+        c.check(_same_bits(out, ref), f"AllGatherIntoTensor async {dt!r} n={n}: differs")
+    agit.close()
+
+
 def _missing_peer(c: Case, rank: int, world: int, dev: torch.device) -> None:
     """Rank 0 calls, rank 1 never does: rank 0's GPU work still ends (bounded waits) and the
     error names rank 1, for the SM engine and the copy engines."""
@@ -355,6 +380,7 @@ def _suite(rank: int, world: int, missing_peer: bool) -> None:
     c.part("graphs+async", lambda: _graphs_async(c, rank, world, dev))
     c.part("back-to-back", lambda: _back_to_back(c, rank, world, dev))
     c.part("bad input", lambda: _bad_input(c, rank, world, dev))
+    c.part("into tensor", lambda: _into_tensor(c, rank, world, dev))
     if missing_peer:
         c.part("missing peer", lambda: _missing_peer(c, rank, world, dev))
     import mori_core.shmem as shmem

@@ -35,17 +35,17 @@ stage() {  # stage NAME TIMEOUT CMD...: output to $OUT/ccl_NAME.log; never hangs
   [ $rc = 0 ] || { grep -E "failure|differs|Error|error|rank [0-9]+ parts" "$OUT/ccl_$name.log" | head -40; }
 }
 
-stage test2 42 "CUDA_VISIBLE_DEVICES=0,1 CCL_TEST_TIMEOUT=38 $PYTEST -k 'suite and 2'"
+stage test2 42 "CUDA_VISIBLE_DEVICES=0,1 CCL_TEST_TIMEOUT=38 MORI_TEST_STACKS_AFTER_S=33 $PYTEST -k 'suite and 2'"
 grep -h "parts:" "$OUT/ccl_test2.log" | head -2
 if [ "$ngpu" -ge 4 ]; then
-  stage test4 46 "CUDA_VISIBLE_DEVICES=0,1,2,3 CCL_TEST_TIMEOUT=42 $PYTEST -k 'suite and 4'"
+  stage test4 46 "CUDA_VISIBLE_DEVICES=0,1,2,3 CCL_TEST_TIMEOUT=42 MORI_TEST_STACKS_AFTER_S=37 $PYTEST -k 'suite and 4'"
   grep -h "parts:" "$OUT/ccl_test4.log" | head -4
   W=4
 else
   echo "test4 skipped: $ngpu GPU(s)" | tee -a "$SUMMARY"
   W=$ngpu
 fi
-stage bench 68 "$PY -m mori_core.bench ccl --world-size $W --ceilings --sweep --json $OUT/ccl_bench.json"
+stage bench 68 "MORI_BENCH_STACKS_AFTER_S=62 $PY -m mori_core.bench ccl --world-size $W --ceilings --sweep --json $OUT/ccl_bench.json"
 
 echo
 echo "===== ccl results"

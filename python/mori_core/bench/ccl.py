@@ -88,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
 def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) -> None:
     from mori_core.bench.ep.measure import run_rank
 
+    stacks_after = float(os.environ.get("MORI_BENCH_STACKS_AFTER_S", "0"))
+    if stacks_after > 0:  # a hang under a wall-clock limit: every thread's stack once, then go on
+        import faulthandler
+
+        faulthandler.dump_traceback_later(stacks_after, repeat=False)
+
     run_rank(rank, world, port, q, lambda dev, sync: _measure_rank(rank, world, dev, sync, args))
 
 
@@ -218,6 +224,8 @@ def _measure_rank(rank: int, world: int, dev: Any, sync: Callable[[], None], arg
     max_bytes = max(sizes)
     engines = [e for e in args.engines.split(",") if e]
     for kind in [k for k in args.collectives.split(",") if k]:
+        if rank == 0:
+            print(f"ccl bench: {kind} ({time.strftime('%X')})", flush=True)
         x = torch.randn(max_bytes // esize, device=dev).to(dtype)
         out = torch.empty(max_bytes // esize * (world if kind == "allgather" else 1), dtype=dtype, device=dev)
         ops = {e: _ours(kind, rank, world, max_bytes, dtype, engine=e) for e in engines}
@@ -262,10 +270,14 @@ def _measure_rank(rank: int, world: int, dev: Any, sync: Callable[[], None], arg
         torch.cuda.empty_cache()
         sync()
     if not args.no_overlap:
+        if rank == 0:
+            print(f"ccl bench: overlap ({time.strftime('%X')})", flush=True)
         rows += _overlap(rank, world, dev, args)
     if args.ceilings:
         rows += _ceilings(rank, world, dev)
     if args.sweep:
+        if rank == 0:
+            print(f"ccl bench: sweep ({time.strftime('%X')})", flush=True)
         rows += _sweep(rank, world, dev, dtype, esize, args)
     return rows
 
