@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -80,6 +80,17 @@ class Case:
         if not ok:
             self.failures.append(what)
 
+    def guard(self, label: str, fn: Callable[[], None]) -> None:
+        """Run one engine's / case's block; an exception is recorded and the next block runs."""
+        try:
+            fn()
+        except Exception as e:
+            self.failures.append(f"{label}: {type(e).__name__}: {str(e)[:300]}")
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                pass
+
     def part(self, name: str, fn: Callable[[], None]) -> None:
         print(f"rank {self.rank}: {name} ...", flush=True)  # where a hang stopped shows in the log
         t0 = time.perf_counter()
@@ -97,40 +108,13 @@ def _counts(dtype: torch.dtype) -> tuple[int, ...]:
 
 
 def _allreduce(c: Case, rank: int, world: int, dev: torch.device) -> None:
-    import torch.distributed as dist
-
     from mori_core.ccl import AllreduceSdma
 
     for dtype in AR_DTYPES:
         esize = torch.empty((), dtype=dtype).element_size()
         for engine in ENGINES:
-            ar = AllreduceSdma(rank, world, input_buffer_size=BIG, output_buffer_size=BIG, dtype=dtype, engine=engine)
-            for count in _counts(dtype):
-                seed = count % 9973 + 17 * esize
-                x = _gen(seed, rank, count, dtype, dev)
-                out = torch.empty(count + 8, dtype=dtype, device=dev)
-                guard = out[count:].clone()
-                ar(x, out, count)
-                want = _rank_order_sum(seed, world, count, dtype, dev)
-                tag = f"allreduce {dtype} {engine}({ar.last_path}) count={count}"
-                c.check(_same_bits(out[:count], want), f"{tag}: differs from the rank-order sum")
-                c.check(_same_bits(out[count:], guard), f"{tag}: wrote past count")
-                ref = x.clone().view(torch.int32) if dtype == torch.uint32 else x.clone()
-                dist.all_reduce(ref)
-                c.check(close_to(out[:count], ref.view(dtype), dtype, world), f"{tag}: differs from NCCL")
-                del x, out, want, ref
-            # unaligned buffers (scalar path), in place, and a second call on the same buffers
-            n = 65537 if engine != "ce" else (1 << 20) + 5
-            seed = 4242 + esize
-            base = torch.zeros(n + 1, dtype=dtype, device=dev)
-            base[1:] = _gen(seed, rank, n, dtype, dev)
-            outb = torch.zeros(n + 1, dtype=dtype, device=dev)
-            ar(base[1:], outb[1:], n)
-            want = _rank_order_sum(seed, world, n, dtype, dev)
-            c.check(_same_bits(outb[1:], want), f"allreduce {dtype} {engine} unaligned: differs")
-            ar.allreduce_inplace(base[1:], n)
-            c.check(_same_bits(base[1:], want), f"allreduce {dtype} {engine} in place: differs")
-            ar.close()
+            c.guard(f"allreduce {dtype} {engine}", lambda dtype=dtype, engine=engine, esize=esize:
+                    _allreduce_engine(c, rank, world, dev, dtype, engine, esize))
         torch.cuda.synchronize()
     ar = AllreduceSdma(rank, world, input_buffer_size=MIB, output_buffer_size=MIB, dtype=torch.uint32)
     for count in (1, 1000, 100_003):
@@ -141,53 +125,103 @@ def _allreduce(c: Case, rank: int, world: int, dev: torch.device) -> None:
     ar.close()
 
 
-def _move(c: Case, rank: int, world: int, dev: torch.device, kind: str) -> None:
+def _allreduce_engine(c: Case, rank: int, world: int, dev: torch.device, dtype: torch.dtype, engine: str,
+                      esize: int) -> None:
+    from mori_core.ccl import AllreduceSdma
+
+    ar = AllreduceSdma(rank, world, input_buffer_size=BIG, output_buffer_size=BIG, dtype=dtype, engine=engine)
+    try:
+        _allreduce_cases(c, ar, rank, world, dev, dtype, engine, esize)
+    finally:
+        ar.close()
+
+
+def _allreduce_cases(c: Case, ar: Any, rank: int, world: int, dev: torch.device, dtype: torch.dtype, engine: str,
+                     esize: int) -> None:
     import torch.distributed as dist
 
+    for count in _counts(dtype):
+        seed = count % 9973 + 17 * esize
+        x = _gen(seed, rank, count, dtype, dev)
+        out = torch.empty(count + 8, dtype=dtype, device=dev)
+        guard = out[count:].clone()
+        ar(x, out, count)
+        want = _rank_order_sum(seed, world, count, dtype, dev)
+        tag = f"allreduce {dtype} {engine}({ar.last_path}) count={count}"
+        c.check(_same_bits(out[:count], want), f"{tag}: differs from the rank-order sum")
+        c.check(_same_bits(out[count:], guard), f"{tag}: wrote past count")
+        ref = x.clone().view(torch.int32) if dtype == torch.uint32 else x.clone()
+        dist.all_reduce(ref)
+        c.check(close_to(out[:count], ref.view(dtype), dtype, world), f"{tag}: differs from NCCL")
+        del x, out, want, ref
+    # unaligned buffers (scalar path), in place, and a second call on the same buffers
+    n = 65537 if engine != "ce" else (1 << 20) + 5
+    seed = 4242 + esize
+    base = torch.zeros(n + 1, dtype=dtype, device=dev)
+    base[1:] = _gen(seed, rank, n, dtype, dev)
+    outb = torch.zeros(n + 1, dtype=dtype, device=dev)
+    ar(base[1:], outb[1:], n)
+    want = _rank_order_sum(seed, world, n, dtype, dev)
+    c.check(_same_bits(outb[1:], want), f"allreduce {dtype} {engine} unaligned: differs")
+    ar.allreduce_inplace(base[1:], n)
+    c.check(_same_bits(base[1:], want), f"allreduce {dtype} {engine} in place: differs")
+
+
+def _move(c: Case, rank: int, world: int, dev: torch.device, kind: str) -> None:
     from mori_core.ccl import All2allSdma, AllgatherSdma
 
     for dtype in MOVE_DTYPES:
-        esize = torch.empty((), dtype=dtype).element_size()
         for engine in ENGINES:
             if kind == "allgather":
                 op = AllgatherSdma(rank, world, input_buffer_size=BIG, output_buffer_size=BIG * world, engine=engine)
             else:
                 op = All2allSdma(rank, world, input_buffer_size=BIG, output_buffer_size=BIG, engine=engine)
-            for count in _counts(dtype):
-                per = count if kind == "allgather" else max(count // world, 1)
-                n_in = per if kind == "allgather" else per * world
-                x = _gen(per % 7919 + esize, rank, n_in, dtype, dev)
-                out = torch.empty(world * per + 8, dtype=dtype, device=dev)
-                guard = out[world * per :].clone()
-                op(x, out, per)
-                ref = torch.empty(world * per, dtype=dtype, device=dev)
-                if kind == "allgather":
-                    dist.all_gather_into_tensor(ref, x)
-                else:
-                    dist.all_to_all_single(ref, x)
-                tag = f"{kind} {dtype} {engine}({op.last_path}) count={per}"
-                c.check(_same_bits(out[: world * per], ref), f"{tag}: differs from NCCL")
-                c.check(_same_bits(out[world * per :], guard), f"{tag}: wrote past the output")
-                del x, out, ref
-            # unaligned (1-byte offsets for int8) and, for all-gather, in place
-            per = 1001
-            xb = torch.zeros(per * world + 1, dtype=dtype, device=dev)
-            n_in = per if kind == "allgather" else per * world
-            xb[1 : 1 + n_in] = _gen(99, rank, n_in, dtype, dev)
-            ob = torch.zeros(per * world + 1, dtype=dtype, device=dev)
-            op(xb[1 : 1 + n_in], ob[1:], per)
-            ref = torch.empty(world * per, dtype=dtype, device=dev)
-            if kind == "allgather":
-                dist.all_gather_into_tensor(ref, xb[1 : 1 + n_in].contiguous())
-                inplace = torch.zeros(world * per, dtype=dtype, device=dev)
-                inplace[rank * per : (rank + 1) * per] = xb[1 : 1 + per]
-                op(inplace[rank * per : (rank + 1) * per], inplace, per)
-                c.check(_same_bits(inplace, ref), f"{kind} {dtype} {engine} in place: differs")
-            else:
-                dist.all_to_all_single(ref, xb[1 : 1 + n_in].contiguous())
-            c.check(_same_bits(ob[1:], ref), f"{kind} {dtype} {engine} unaligned: differs")
-            op.close()
+            try:
+                c.guard(f"{kind} {dtype} {engine}", lambda op=op, dtype=dtype, engine=engine:
+                        _move_cases(c, op, rank, world, dev, kind, dtype, engine))
+            finally:
+                op.close()
         torch.cuda.synchronize()
+
+
+def _move_cases(c: Case, op: Any, rank: int, world: int, dev: torch.device, kind: str, dtype: torch.dtype,
+                engine: str) -> None:
+    import torch.distributed as dist
+
+    esize = torch.empty((), dtype=dtype).element_size()
+    for count in _counts(dtype):
+        per = count if kind == "allgather" else max(count // world, 1)
+        n_in = per if kind == "allgather" else per * world
+        x = _gen(per % 7919 + esize, rank, n_in, dtype, dev)
+        out = torch.empty(world * per + 8, dtype=dtype, device=dev)
+        guard = out[world * per :].clone()
+        op(x, out, per)
+        ref = torch.empty(world * per, dtype=dtype, device=dev)
+        if kind == "allgather":
+            dist.all_gather_into_tensor(ref, x)
+        else:
+            dist.all_to_all_single(ref, x)
+        tag = f"{kind} {dtype} {engine}({op.last_path}) count={per}"
+        c.check(_same_bits(out[: world * per], ref), f"{tag}: differs from NCCL")
+        c.check(_same_bits(out[world * per :], guard), f"{tag}: wrote past the output")
+        del x, out, ref
+    # unaligned (1-byte offsets for int8) and, for all-gather, in place
+    per = 1001
+    xb = torch.zeros(per * world + 1, dtype=dtype, device=dev)
+    n_in = per if kind == "allgather" else per * world
+    xb[1 : 1 + n_in] = _gen(99, rank, n_in, dtype, dev)
+    ob = torch.zeros(per * world + 1, dtype=dtype, device=dev)
+    op(xb[1 : 1 + n_in], ob[1:], per)
+    ref = torch.empty(world * per, dtype=dtype, device=dev)
+    if kind == "allgather":
+        dist.all_gather_into_tensor(ref, xb[1 : 1 + n_in].contiguous())
+        inplace = torch.zeros(world * per, dtype=dtype, device=dev)
+        inplace[rank * per : (rank + 1) * per] = xb[1 : 1 + per]
+        op(inplace[rank * per : (rank + 1) * per], inplace, per)
+        c.check(_same_bits(inplace, ref), f"{kind} {dtype} {engine} in place: differs")
+    else:
+        dist.all_to_all_single(ref, xb[1 : 1 + n_in].contiguous())
+    c.check(_same_bits(ob[1:], ref), f"{kind} {dtype} {engine} unaligned: differs")
 
 
 def _graphs_async(c: Case, rank: int, world: int, dev: torch.device) -> None:
@@ -214,51 +248,59 @@ def _graphs_async(c: Case, rank: int, world: int, dev: torch.device) -> None:
                           for r in range(world)])
 
     for label, op, kind, count in cases:
-        n_in = count * world if kind == "all2all" else count
-        n_out = count * world if kind != "allreduce" else count
-        x = torch.zeros(n_in, dtype=torch.bfloat16, device=dev)
-        out1 = torch.zeros(n_out, dtype=torch.bfloat16, device=dev)
-        out2 = torch.zeros_like(out1)
-        out3 = torch.zeros_like(out1)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        graph = torch.cuda.CUDAGraph()
+        try:
+            c.guard(f"graph/async {label}", lambda label=label, op=op, kind=kind, count=count:
+                    _graph_case(c, rank, world, dev, label, op, kind, count, expected))
+        finally:
+            op.close()
+
+
+def _graph_case(c: Case, rank: int, world: int, dev: torch.device, label: str, op: Any, kind: str, count: int,
+                expected: Callable[[str, int, int], torch.Tensor]) -> None:
+    n_in = count * world if kind == "all2all" else count
+    n_out = count * world if kind != "allreduce" else count
+    x = torch.zeros(n_in, dtype=torch.bfloat16, device=dev)
+    out1 = torch.zeros(n_out, dtype=torch.bfloat16, device=dev)
+    out2 = torch.zeros_like(out1)
+    out3 = torch.zeros_like(out1)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    _cpu_barrier()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        op(x, out1, count)
+        op(x, out2, count)
+        op.start_async(x, out3, count)
+        op.wait_async()
+    torch.cuda.synchronize()
+    for replay in range(3):
+        seed = 500 + replay
+        x.copy_(_gen(seed, rank, n_in, torch.bfloat16, dev))
+        for o in (out1, out2, out3):
+            o.zero_()
         torch.cuda.synchronize()
         _cpu_barrier()
-        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-            op(x, out1, count)
-            op(x, out2, count)
-            op.start_async(x, out3, count)
-            op.wait_async()
+        graph.replay()
         torch.cuda.synchronize()
-        for replay in range(3):
-            seed = 500 + replay
-            x.copy_(_gen(seed, rank, n_in, torch.bfloat16, dev))
-            for o in (out1, out2, out3):
-                o.zero_()
-            torch.cuda.synchronize()
-            _cpu_barrier()
-            graph.replay()
-            torch.cuda.synchronize()
-            want = expected(kind, seed, count)
-            for i, o in enumerate((out1, out2, out3)):
-                c.check(_same_bits(o, want), f"graph {label} replay {replay} call {i}: differs")
-        op.check_error()
-        del graph
-        # eager async: start on one stream, a GEMM there, wait on another
-        seed = 900
-        x.copy_(_gen(seed, rank, n_in, torch.bfloat16, dev))
-        torch.cuda.synchronize()
-        s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
-        a = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
-        with torch.cuda.stream(s1):
-            op.start_async(x, out1, count, s1)
-            _ = a @ a
-        c.check(op.is_async_in_progress(), f"async {label}: not in progress after start_async")
-        op.wait_async(s2)
-        s2.synchronize()
-        c.check(_same_bits(out1, expected(kind, seed, count)), f"async {label}: differs")
-        op.close()
+        want = expected(kind, seed, count)
+        for i, o in enumerate((out1, out2, out3)):
+            c.check(_same_bits(o, want), f"graph {label} replay {replay} call {i}: differs")
+    op.check_error()
+    del graph
+    # eager async: start on one stream, a GEMM there, wait on another
+    seed = 900
+    x.copy_(_gen(seed, rank, n_in, torch.bfloat16, dev))
+    torch.cuda.synchronize()
+    s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    a = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
+    with torch.cuda.stream(s1):
+        op.start_async(x, out1, count, s1)
+        _ = a @ a
+    c.check(op.is_async_in_progress(), f"async {label}: not in progress after start_async")
+    op.wait_async(s2)
+    s2.synchronize()
+    c.check(_same_bits(out1, expected(kind, seed, count)), f"async {label}: differs")
 
 
 def _back_to_back(c: Case, rank: int, world: int, dev: torch.device) -> None:
@@ -336,6 +378,37 @@ def _into_tensor(c: Case, rank: int, world: int, dev: torch.device) -> None:
     agit.close()
 
 
+def _ce_modes(c: Case, rank: int, world: int, dev: torch.device) -> None:
+    """The copy-engine path's other synchronisation modes: peers signalled by 4-byte copies
+    instead of stream write operations, and unbatched stream memory operations."""
+    from mori_core.ccl import AllgatherSdma, AllreduceSdma
+    from mori_core.ccl.options import CclOptions
+
+    n = (1 << 20) + 1
+    for mode in (dict(ce_signal="copy"), dict(ce_batch=False)):
+        opts = CclOptions.resolve(engine="ce", **mode)
+        ag = AllgatherSdma(rank, world, input_buffer_size=4 * MIB, options=opts)
+        ar = AllreduceSdma(rank, world, input_buffer_size=4 * MIB, output_buffer_size=4 * MIB, dtype=torch.bfloat16,
+                           options=opts)
+        try:
+            def run() -> None:
+                for it in range(3):
+                    x = _gen(it, rank, n, torch.bfloat16, dev)
+                    out = torch.empty(world * n, dtype=torch.bfloat16, device=dev)
+                    ag(x, out, n)
+                    want = torch.cat([_gen(it, r, n, torch.bfloat16, dev) for r in range(world)])
+                    c.check(_same_bits(out, want), f"ce {mode} all-gather call {it}: differs")
+                    red = torch.empty(n, dtype=torch.bfloat16, device=dev)
+                    ar(x, red, n)
+                    c.check(_same_bits(red, _rank_order_sum(it, world, n, torch.bfloat16, dev)),
+                            f"ce {mode} all-reduce call {it}: differs")
+
+            c.guard(f"ce {mode}", run)
+        finally:
+            ag.close()
+            ar.close()
+
+
 def _missing_peer(c: Case, rank: int, world: int, dev: torch.device) -> None:
     """Rank 0 calls, rank 1 never does: rank 0's GPU work still ends (bounded waits) and the
     error names rank 1, for the SM engine and the copy engines."""
@@ -381,6 +454,7 @@ def _suite(rank: int, world: int, missing_peer: bool) -> None:
     c.part("back-to-back", lambda: _back_to_back(c, rank, world, dev))
     c.part("bad input", lambda: _bad_input(c, rank, world, dev))
     c.part("into tensor", lambda: _into_tensor(c, rank, world, dev))
+    c.part("ce modes", lambda: _ce_modes(c, rank, world, dev))
     if missing_peer:
         c.part("missing peer", lambda: _missing_peer(c, rank, world, dev))
     import mori_core.shmem as shmem
