@@ -1,9 +1,10 @@
 """MORI-CCL on GPUs, one rank per GPU (skipped without enough GPUs): every collective, dtype,
 engine (auto, copy engines, SM) and size from 1 element to 256 MiB per rank against NCCL
 (torch.distributed) and, for the all-reduce, bit for bit against the rank-order fp32 sum;
-unaligned buffers, in place, the output transit buffer, start_async/wait_async on two streams,
-CUDA graph capture and replay, back-to-back calls across engines, bad input, and (2 ranks) a
-missing peer: every wait ends and the error names the peer.
+unaligned buffers, in place, start_async/wait_async on two streams, CUDA graph capture and
+replay, back-to-back calls across engines, bad input, AllGatherIntoTensor through the mori.ccl
+alias, the copy engines' copy-signal and unbatched modes, and (2 ranks) a missing peer: every
+wait ends and the error names the peer.
 
 One spawn per world size runs every case (the GPU section's time budget is small); a failing
 case is reported with the others at the end. Run on the GPU machine with tools/gpu/ccl.sh.
