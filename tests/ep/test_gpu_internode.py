@@ -2,11 +2,19 @@
 
 Ranks are placed by ``MORI_RANKS_PER_GPU`` (several share a GPU where there are fewer GPUs than
 ranks). ``gpu_per_node=1`` makes every rank its own "node": every row crosses NVSHMEM;
-``gpu_per_node=world/2`` is two "nodes", each with an NVLink (shmem heap) part. Run them with
-NVSHMEM forced off P2P onto its network transport (tools/gpu/ep_internode.sh tries
-``NVSHMEM_DISABLE_P2P=1 NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,...`` and others); the mode is
-printed. ``MORI_TEST_INTERNODE_CONFIGS`` (e.g. ``4x1,8x4``: world x gpu_per_node) selects the
-configurations.
+``gpu_per_node=world/2`` is two "nodes", each with an NVLink (shmem heap) part. One spawn per
+world size runs every selected configuration of that size, on both network paths:
+``auto`` (peer nodes whose NVSHMEM heap is load/store-reachable are written directly: all of them
+on one machine) and ``put`` (``MORI_EP_INTERNODE_PATH=put``: every peer through staged NVSHMEM
+puts, chunked by ``put_rows``, as a network peer would be; NVSHMEM carries them over P2P here).
+
+Knobs (environment): ``MORI_TEST_INTERNODE_CONFIGS`` (e.g. ``4x1,8x4``: world x gpu_per_node),
+``MORI_TEST_INTERNODE_PATHS`` (default ``auto,put``), ``MORI_TEST_INTERNODE_TYPES``,
+``MORI_TEST_INTERNODE_ROUNDS`` (back-to-back rounds, default 200),
+``MORI_TEST_INTERNODE_CASE_ROUNDS`` (reference-checked rounds per dtype case, 1-3, default 3),
+``MORI_TEST_INTERNODE_EXPECT_DIRECT=1`` (assert that ``auto`` found every peer node
+load/store-reachable: true on one NVLink machine). ``MORI_TEST_NET_MODE`` names NVSHMEM's
+transport setting in the printed lines.
 
 Oracles as in test_gpu_ep.py: dispatch rows bit-exact against the sources through
 ``get_dispatch_src_token_pos``; combine bit-exact against ReferenceEpDispatchCombineOp (same
@@ -16,6 +24,7 @@ kernel type and gpu_per_node) over the same NCCL group.
 from __future__ import annotations
 
 import os
+import time
 import traceback
 
 import pytest
@@ -41,13 +50,17 @@ TYPES = ("InterNode", "InterNodeV1", "InterNodeV1LL", "AsyncLL")
 MODE = os.environ.get("MORI_TEST_NET_MODE", "default NVSHMEM transports")
 # (world, gpu_per_node): two "nodes" and all-network at EP2, EP4 and EP8.
 CONFIGS = [(2, 1), (4, 1), (4, 2), (8, 1), (8, 4)]
+WORLDS = sorted({w for w, _ in CONFIGS})
 ROUNDS = int(os.environ.get("MORI_TEST_INTERNODE_ROUNDS", "200"))
+CASE_ROUNDS = min(3, max(1, int(os.environ.get("MORI_TEST_INTERNODE_CASE_ROUNDS", "3"))))
+PATHS = tuple(p for p in os.environ.get("MORI_TEST_INTERNODE_PATHS", "auto,put").split(",") if p)
+EXPECT_DIRECT = os.environ.get("MORI_TEST_INTERNODE_EXPECT_DIRECT") == "1"
 
 
-def _selected(world: int, gpn: int) -> None:
-    want = os.environ.get("MORI_TEST_INTERNODE_CONFIGS")
-    if want and f"{world}x{gpn}" not in want.split(","):
-        pytest.skip(f"{world}x{gpn} not in MORI_TEST_INTERNODE_CONFIGS={want}")
+def _selected_gpns(world: int) -> list[int]:
+    """gpu_per_node values of ``world`` in CONFIGS that MORI_TEST_INTERNODE_CONFIGS selects."""
+    want = [c for c in os.environ.get("MORI_TEST_INTERNODE_CONFIGS", "").split(",") if c]
+    return [g for w, g in CONFIGS if w == world and (not want or f"{w}x{g}" in want)]
 
 
 def _need(world: int = 2) -> None:
@@ -108,7 +121,19 @@ def _round(op, ref, cfg, kernel_type, data, push, comb_dtype, launch):
     _assert_combine_equal(comb, comb_w, ref_comb, ref_comb_w, mine["x"].shape[0])
 
 
-def _one_type(rank, world, kernel_type, gpn, dev):
+def _check_paths(paths: dict, world: int, gpn: int, path: str) -> str:
+    """An op's network paths (``network_paths``) match the requested one; returns them for the
+    PASS line."""
+    peers = world // gpn - 1
+    assert paths["direct"] + paths["put"] == peers, f"{paths} for {peers} peer nodes"
+    if path == "put":
+        assert paths == {"direct": 0, "put": peers}, f"MORI_EP_INTERNODE_PATH=put left {paths}"
+    elif EXPECT_DIRECT:
+        assert paths == {"direct": peers, "put": 0}, f"expected every peer node load/store-reachable, got {paths}"
+    return f"direct={paths['direct']} put={paths['put']}"
+
+
+def _one_type(rank, world, kernel_type, gpn, dev, path):
     import torch.distributed as dist
 
     from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
@@ -125,13 +150,16 @@ def _one_type(rank, world, kernel_type, gpn, dev):
         op = EpDispatchCombineOp(cfg)
         assert type(op).__name__ == "InterNodeEpDispatchCombineOp"
         ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
-        for rnd in range(3):
+        paths = op._engine.network_paths
+        for rnd in range(CASE_ROUNDS):
             g = torch.Generator().manual_seed(100 * ci + rnd + 7)
             counts = torch.randint(0, max_tok + 1, (world,), generator=g).tolist()
             counts[(ci + rnd) % world] = 0  # a rank with no tokens every round
             counts[(ci + rnd + 1) % world] = max_tok
             data = _all_inputs(100 * ci + rnd, world, counts, hidden, dtype, scale_dim, dev)
             launch = [(-1, -1, -1), (5, 2, 3), (64, 32, 16)][rnd]
+            # put path: one put per row, chunks that end short, and whole batches per put
+            op._handle.put_rows = [1, 3, 64][(rnd + ci) % 3]
             _round(op, ref, cfg, kernel_type, data, push, comb_dtype, launch)
         op.close()
         dist.barrier()
@@ -139,6 +167,7 @@ def _one_type(rank, world, kernel_type, gpn, dev):
     if kernel_type in ("InterNodeV1LL", "AsyncLL"):
         _graph(rank, world, kernel_type, gpn, dev)
     _back_to_back(rank, world, kernel_type, gpn, dev, ROUNDS)
+    return _check_paths(paths, world, gpn, path)  # after the rounds: a path mismatch still runs them
 
 
 def _back_to_back(rank, world, kernel_type, gpn, dev, rounds):
@@ -210,40 +239,51 @@ def _graph(rank, world, kernel_type, gpn, dev):
     dist.barrier()
 
 
-def _suite(rank: int, world: int, gpn: int, types: tuple) -> None:
-    """Every kernel type in turn; failures are collected per type (printed as a table) so one
-    run shows all of them."""
+def _suite(rank: int, world: int, gpns: list, paths: tuple, types: tuple) -> None:
+    """Every (gpu_per_node, path, kernel type) in turn; failures are collected (each printed with its
+    traceback) so one run shows all of them."""
     import torch.distributed as dist
 
     import mori_core.shmem as shmem
+    from mori_core.ops.internode import PATH_ENV
 
     _init_shmem()
     dev = rank_device(rank, world)
     failures = {}
-    for kt in types:
-        try:
-            _one_type(rank, world, kt, gpn, dev)
-            status = "PASS"
-        except Exception:  # collect and go on: the other types still run
-            failures[kt] = traceback.format_exc()
-            status = "FAIL " + failures[kt].strip().splitlines()[-1][:300]
-            # Printed here, whole: leaving this block frees the failed op, and its close() is a
-            # collective that waits for peers still inside this type (the run can then hang).
-            print(f"INTERNODE rank={rank} type={kt} traceback:\n{failures[kt]}", flush=True)
-        print(f"INTERNODE rank={rank} type={kt} gpu_per_node={gpn} mode={MODE}: {status}", flush=True)
-        dist.barrier()
+    for gpn in gpns:
+        for path in paths:
+            os.environ[PATH_ENV] = path  # read by every op created below, on every rank
+            for kt in types:
+                what = f"{kt} {world}x{gpn} path={path}"
+                t0 = time.monotonic()
+                try:
+                    got = _one_type(rank, world, kt, gpn, dev, path)
+                    status = f"PASS ({got})"
+                except Exception:  # collect and go on: the other types still run
+                    failures[what] = traceback.format_exc()
+                    status = "FAIL " + failures[what].strip().splitlines()[-1][:300]
+                    # Printed here, whole: leaving this block frees the failed op, and its close() is a
+                    # collective that waits for peers still inside this type (the run can then hang).
+                    print(f"INTERNODE rank={rank} type={kt} traceback:\n{failures[what]}", flush=True)
+                print(f"INTERNODE rank={rank} type={kt} gpu_per_node={gpn} world={world} path={path} mode={MODE} "
+                      f"rounds={ROUNDS} {time.monotonic() - t0:.1f}s: {status}", flush=True)
+                dist.barrier()
+    os.environ.pop(PATH_ENV, None)
     shmem.shmem_finalize()
     if failures:
-        raise AssertionError("\n".join(f"[{kt}]\n{tb}" for kt, tb in failures.items()))
+        raise AssertionError("\n".join(f"[{what}]\n{tb}" for what, tb in failures.items()))
 
 
-@pytest.mark.parametrize("world,gpn", CONFIGS, ids=[f"{w}x{g}" for w, g in CONFIGS])
-def test_internode_kernel_types(world: int, gpn: int) -> None:
-    _selected(world, gpn)
+@pytest.mark.parametrize("world", WORLDS)
+def test_internode_kernel_types(world: int) -> None:
+    """Every selected configuration of ``world`` ranks, both network paths, every kernel type."""
+    gpns = _selected_gpns(world)
+    if not gpns:
+        pytest.skip(f"no {world}x* configuration in MORI_TEST_INTERNODE_CONFIGS")
     _need(world)
     types = tuple(t for t in os.environ.get("MORI_TEST_INTERNODE_TYPES", ",".join(TYPES)).split(",") if t)
     run_ranks(_suite, world, backend="nccl", timeout=float(os.environ.get("MORI_TEST_INTERNODE_TIMEOUT", "400")),
-              gpn=gpn, types=types, env={"MORI_SHMEM_HEAP_SIZE": "4G"})
+              gpns=gpns, paths=PATHS, types=types, env={"MORI_SHMEM_HEAP_SIZE": "4G"})
 
 
 def _bringup(rank: int, world: int) -> None:
@@ -268,18 +308,21 @@ def test_nvshmem_bringup(world: int) -> None:
     run_ranks(_bringup, world, backend="nccl", timeout=120)
 
 
-def _timeout(rank: int, world: int, types: tuple) -> None:
+def _timeout(rank: int, world: int, types: tuple, paths: tuple) -> None:
     """Every rank but the last dispatches; the last never does. Rank 0 (on another "node":
-    gpu_per_node=1) must report a timeout naming the missing peer, for every kernel type."""
+    gpu_per_node=1) must report a timeout naming the missing peer, for every kernel type and
+    network path."""
     import torch.distributed as dist
 
     import mori_core.shmem as shmem
     from mori_core.ops import EpDispatchCombineOp, EpOpError
+    from mori_core.ops.internode import PATH_ENV
 
     _init_shmem()
     dev = rank_device(rank, world)
     missing = world - 1
-    for kernel_type in types:
+    for kernel_type, path in [(kt, p) for p in paths for kt in types]:
+        os.environ[PATH_ENV] = path
         cfg = _config(rank, world, kernel_type, 1, 256, 16, max_type=2)
         op = EpDispatchCombineOp(cfg)
         x = torch.ones(16, 256, dtype=torch.bfloat16, device=dev)
@@ -295,11 +338,16 @@ def _timeout(rank: int, world: int, types: tuple) -> None:
             if rank == 0:
                 with pytest.raises(EpOpError, match=rf"timed out .* waiting for peer rank {missing} \(node {missing}"):
                     op.check_error()
-                print(f"TIMEOUT {kernel_type} world={world} rank 0 reported: {op._handle.error_message()}", flush=True)
+                print(f"TIMEOUT {kernel_type} path={path} world={world} rank 0 reported: "
+                      f"{op._handle.error_message()}", flush=True)
+                # the failed op refuses the next call (checked at launch, before any kernel runs)
+                with pytest.raises(EpOpError, match="timed out"):
+                    op.dispatch(x, None, None, idx)
         torch.cuda.synchronize()
         dist.barrier()
         op.close()  # a failed op is not reused: the next type gets fresh (zeroed) buffers
         dist.barrier()
+    os.environ.pop(PATH_ENV, None)
     shmem.shmem_finalize()
 
 
@@ -307,4 +355,4 @@ def _timeout(rank: int, world: int, types: tuple) -> None:
 def test_timeout_names_the_missing_peer(world: int) -> None:
     _need(world)
     types = tuple(t for t in os.environ.get("MORI_TEST_INTERNODE_TYPES", ",".join(TYPES)).split(",") if t)
-    run_ranks(_timeout, world, backend="nccl", timeout=180, types=types)
+    run_ranks(_timeout, world, backend="nccl", timeout=180, types=types, paths=PATHS)

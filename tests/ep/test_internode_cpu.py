@@ -146,3 +146,46 @@ def test_reference_internode_hierarchical(world: int, gpn: int, kernel_type: str
                                           push: bool) -> None:
     run_ranks(_internode_roundtrip, world, backend="gloo", timeout=300, gpn=gpn, kernel_type=kernel_type,
               dtype=dtype, push=push)
+
+
+def test_network_path_switches_are_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MORI_EP_INTERNODE_PATH (auto / put) and MORI_EP_INTERNODE_PUT_ROWS, read when an op is
+    created: defaults, accepted values, and errors naming the variable and what it accepts."""
+    from mori_core.ops.internode import PATH_ENV, PUT_ROWS_ENV, network_path_from_env
+
+    monkeypatch.delenv(PATH_ENV, raising=False)
+    monkeypatch.delenv(PUT_ROWS_ENV, raising=False)
+    assert network_path_from_env(128) == (False, 1)
+    monkeypatch.setenv(PATH_ENV, "PUT")
+    monkeypatch.setenv(PUT_ROWS_ENV, "128")
+    assert network_path_from_env(128) == (True, 128)
+    monkeypatch.setenv(PATH_ENV, "nic")
+    with pytest.raises(ValueError, match=r"MORI_EP_INTERNODE_PATH='nic' must be one of auto, put"):
+        network_path_from_env(128)
+    monkeypatch.setenv(PATH_ENV, "auto")
+    for bad in ("0", "129", "-1", "x"):
+        monkeypatch.setenv(PUT_ROWS_ENV, bad)
+        with pytest.raises(ValueError, match=rf"MORI_EP_INTERNODE_PUT_ROWS='{bad}' must be an integer in \[1, "
+                                             r"max_num_inp_token_per_rank=128\]"):
+            network_path_from_env(128)
+
+
+def test_bench_pairs_each_row_with_deepeps_of_the_same_shape(capsys: pytest.CaptureFixture) -> None:
+    """The benchmark's side-by-side table puts each of our rows next to the DeepEP low-latency row of
+    the same operation, dtype and token count, and only those."""
+    from mori_core.bench.ep.deepep_ll import ll_tokens
+    from mori_core.bench.ep.internode import _print_side_by_side
+    from mori_core.bench.table import print_table
+
+    ours = [dict(kernel="InterNodeV1LL [auto] dispatch", dtype="fp8", tokens=128, eager_us=30.0, host_us=9.0),
+            dict(kernel="InterNodeV1LL [put] combine", dtype="bf16", tokens=128, eager_us=90.0, host_us=8.0),
+            dict(kernel="InterNode [auto] dispatch", dtype="bf16", tokens=4096, eager_us=500.0, host_us=9.0),
+            dict(kernel="nccl a2a (dispatch)", dtype="bf16", tokens=128, eager_us=80.0, host_us=20.0)]
+    deepep = [dict(kernel="DeepEP LL dispatch", dtype="fp8", tokens=128, eager_us=40.0, host_us=30.0, kernel_us=35.0),
+              dict(kernel="DeepEP LL combine", dtype="bf16", tokens=128, eager_us=60.0, host_us=25.0, kernel_us=None)]
+    _print_side_by_side(ours, deepep, print_table)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and "ours eager" not in ln]
+    assert len(lines) == 2
+    assert "InterNodeV1LL [auto] dispatch" in lines[0] and "0.75" in lines[0] and "35.0" in lines[0]
+    assert "InterNodeV1LL [put] combine" in lines[1] and "1.50" in lines[1]
+    assert ll_tokens("128,512,4096") == [128, 512]

@@ -1,49 +1,74 @@
 #!/usr/bin/env bash
 # Inter-node MORI-EP kernel types on the GPU machine (after the suite is built and installed).
 #
-#   bash tools/gpu/ep_internode.sh [stage ...]
-#     probe     GDRCopy, UCX, NICs, topology, NVSHMEM transports; NCCL with two ranks on one GPU
-#     bringup   NVSHMEM bring-up + put-with-signal self test at EP2, in each configuration below
-#               until one passes: first forced onto a network transport (P2P off), last on its
-#               default transports ("p2p"). Every configuration's result and last log lines are kept.
-#     tests     tests/ep/test_gpu_internode.py (every type: bf16/fp8/fp32 rounds vs the reference,
-#               graph replay for V1LL/AsyncLL, MORI_TEST_INTERNODE_ROUNDS back-to-back rounds) at the
-#               configurations in INTERNODE_CONFIGS (default "4x1 4x2 8x1 8x4" = world x gpu_per_node),
-#               in the mode the bring-up chose
-#     timeout   the missing-peer timeout for every type at EP4 and EP8 in that mode
-#     bench     python -m mori_core.bench ep for the inter-node types (EP2)
-#   default: probe bringup tests timeout
+#   bash tools/gpu_check.sh ep_internode                         (stages: $EP_INTERNODE_STAGES, default p2p)
+#   EP_INTERNODE_STAGES="pair quad bench4" bash tools/gpu_check.sh ep_internode
+#   bash tools/gpu/ep_internode.sh [stage ...]                   (arguments override the variable)
 #
-# Ranks are placed by MORI_RANKS_PER_GPU (default auto): on one GPU all ranks share it, and
-# gpu_per_node=1 makes each rank its own "node", so with P2P off every inter-node row goes through
-# NVSHMEM's network transport. Logs go to $OUT; a summary table is printed last.
+# "p2p" (the default) = "pair quad bench4": NVSHMEM on its default transport (P2P over NVLink: no
+# NIC, no GDRCopy here), no network bring-up, within EP_INTERNODE_BUDGET seconds (default 165) on
+# 4 GPUs. Every inter-node test runs both network paths: auto (every peer node load/store-reachable,
+# written directly; asserted) and put (MORI_EP_INTERNODE_PATH=put: staged NVSHMEM puts over P2P).
+#   pair    in parallel: GPUs 0,1: EP2 benchmark (V1LL, AsyncLL on both paths, IntraNode, NCCL, DeepEP
+#           LL; 128/512 tokens, fp8/bf16 dispatch, bf16 combine; DeepEP waited for at /tmp/deepep);
+#           GPUs 2,3: tests 2x1 (one rank per GPU), then the missing-peer timeout at EP4 (2 ranks/GPU)
+#   quad    in parallel on GPUs 0-3: tests 4x1 and 4x2 (one rank per GPU; 2 reference rounds per dtype
+#           case, EP_INTERNODE_ROUNDS back-to-back rounds, default 50, graph replay for V1LL/AsyncLL),
+#           and 8x1 and 8x4 (two ranks per GPU, correctness only: 1 reference round per case, 20 rounds)
+#   bench4  EP4 benchmark: V1LL, AsyncLL, InterNode, InterNodeV1 (both paths) and IntraNode at 128, 512
+#           and 4096 tokens, NCCL, DeepEP LL (128/512) in the same invocation, kernel phase table, and
+#           the launch-knob sweep (LL types at 128, InterNode/V1 at 4096)
+# Older stages (slow; they try NVSHMEM network transports): probe bringup tests timeout bench.
+#
+# Logs go to $OUT; a summary is printed last; exit status non-zero when a test failed.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/../.."
-STAGES=${*:-probe bringup tests timeout}
+STAGES=${*:-${EP_INTERNODE_STAGES:-p2p}}
+STAGES=${STAGES//p2p/pair quad bench4}
+BUDGET=${EP_INTERNODE_BUDGET:-165}
+ROUNDS=${EP_INTERNODE_ROUNDS:-50}
+DEEPEP=${DEEPEP_DIR:-/tmp/deepep}
 INTERNODE_CONFIGS=${INTERNODE_CONFIGS:-4x1 4x2 8x1 8x4}
 SUMMARY="$OUT/internode_summary.txt"
 : > "$SUMMARY"
 PYTEST="$PY -m pytest -q -rs -p no:cacheprovider -o addopts= -s"
 T=tests/ep/test_gpu_internode.py
+T0=$SECONDS
+TEST_ENV="MORI_TEST_NET_MODE=p2p MORI_TEST_INTERNODE_PATHS=auto,put MORI_TEST_INTERNODE_EXPECT_DIRECT=1"
 
-stage() {  # stage NAME TIMEOUT CMD...
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  echo "=== $name: $*" >> "$OUT/$name.log"
-  timeout --signal=INT --kill-after=10 "$limit" bash -c "$*" >> "$OUT/$name.log" 2>&1
+left() { echo $((BUDGET - (SECONDS - T0))); }
+
+stage() {  # stage NAME CAP CMD...: runs CMD with timeout min(CAP, budget left - 3 s); skipped under 10 s
+  local name=$1 cap=$2; shift 2
+  local limit t0=$SECONDS
+  limit=$(( $(left) - 3 )); [ "$limit" -gt "$cap" ] && limit=$cap
+  if [ "$limit" -lt 10 ]; then
+    printf '%-24s SKIPPED (budget: %ss left)\n' "$name" "$(left)" | tee -a "$SUMMARY"; return 0
+  fi
+  echo "=== $name (limit ${limit}s): $*" >> "$OUT/$name.log"
+  timeout --signal=INT --kill-after=5 "$limit" bash -c "$*" >> "$OUT/$name.log" 2>&1
   local rc=$?
-  printf '%-22s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
+  printf '%-24s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
     "$(grep -E '[0-9]+ (passed|failed|skipped)' "$OUT/$name.log" | tail -1)" | tee -a "$SUMMARY"
   return $rc
 }
 
+wait_deepep() {  # bounded wait for tools/gpu/deepep_build.sh (started by the lead) to finish
+  local limit=$1 t0=$SECONDS
+  while [ ! -f "$DEEPEP/ok" ] && [ ! -f "$DEEPEP/failed" ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 1; done
+  if [ -f "$DEEPEP/ok" ]; then echo "deepep: ready after waiting $((SECONDS - t0)) s"
+  else echo "deepep: not available ($( [ -f "$DEEPEP/failed" ] && echo build failed || echo "not ready after ${limit} s")); benchmarks run without it"; fi
+}
+
+BENCH="$PY -m mori_core.bench ep --gpu-per-node 1 --dtypes fp8,bf16 --net-paths auto,put --deepep-ll --no-graph"
+LL_KINDS=InterNodeV1LL,AsyncLL,InterNode,InterNodeV1,IntraNode
 NVSH_LIB=$($PY -c "import importlib.util as u; print(list(u.find_spec('nvidia.nvshmem').submodule_search_locations)[0] + '/lib')" 2>/dev/null)
 UCX_WHEEL_LIB=$($PY -c "import importlib.util as u, os; s = u.find_spec('libucx'); print(os.path.join(list(s.submodule_search_locations)[0], 'lib') if s else '')" 2>/dev/null)
-# Network configurations, tried in this order (P2P off: every PE pair goes through the transport).
+# Network configurations of the old bring-up stage, tried in this order (P2P off: every PE pair goes through the transport).
 NET_UCX="NVSHMEM_DISABLE_P2P=1 NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy"
 CONFIGS=("ucx-nogdr|$NET_UCX NVSHMEM_DISABLE_GDRCOPY=1"
          "ucx|$NET_UCX"
@@ -55,8 +80,23 @@ CONFIGS=("ucx-nogdr|$NET_UCX NVSHMEM_DISABLE_GDRCOPY=1"
 [ -n "$UCX_WHEEL_LIB" ] && CONFIGS=("${CONFIGS[@]:0:3}" "ucx-wheel|$NET_UCX NVSHMEM_DISABLE_GDRCOPY=1 LD_LIBRARY_PATH=$UCX_WHEEL_LIB:\${LD_LIBRARY_PATH:-} UCX_MODULE_DIR=$UCX_WHEEL_LIB/ucx" "${CONFIGS[@]:3}")
 MODE=""; MODE_ENV=""
 
+echo "stages: $STAGES (budget ${BUDGET}s)" | tee -a "$SUMMARY"
 for s in $STAGES; do
   case $s in
+    pair)
+      { wait_deepep 60 > "$OUT/deepep_wait.log"
+        stage bench_ep2 100 "CUDA_VISIBLE_DEVICES=0,1 PYTHONPATH=$DEEPEP/DeepEP-1.2.1:\${PYTHONPATH:-} $BENCH --world-size 2 --kernel-type InterNodeV1LL,AsyncLL,IntraNode --tokens 128,512 --json $OUT/bench_ep2.json"; } &
+      { stage tests_2x1 70 "CUDA_VISIBLE_DEVICES=2,3 $TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS $PYTEST '$T::test_internode_kernel_types[2]'"
+        stage timeout_ep4 45 "CUDA_VISIBLE_DEVICES=2,3 $TEST_ENV $PYTEST '$T::test_timeout_names_the_missing_peer[4]'"; } &
+      wait
+      cat "$OUT/deepep_wait.log" | tee -a "$SUMMARY" ;;
+    quad)
+      stage tests_4x 70 "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=2 MORI_TEST_INTERNODE_CONFIGS=4x1,4x2 $PYTEST '$T::test_internode_kernel_types[4]'" &
+      stage tests_8x 70 "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=20 MORI_TEST_INTERNODE_CASE_ROUNDS=1 MORI_TEST_INTERNODE_CONFIGS=8x1,8x4 $PYTEST '$T::test_internode_kernel_types[8]'" &
+      wait ;;
+    bench4)
+      wait_deepep 30 | tee -a "$SUMMARY"
+      stage bench_ep4 120 "PYTHONPATH=$DEEPEP/DeepEP-1.2.1:\${PYTHONPATH:-} $BENCH --world-size 4 --kernel-type $LL_KINDS --tokens 128,512,4096 --sweep --json $OUT/bench_ep4.json" ;;
     probe)
       { echo "nvshmem lib: $NVSH_LIB"; ls -l /dev/gdrdrv 2>&1; grep -i gdrdrv /proc/modules 2>&1; ldconfig -p | grep -i -E "gdrapi|libucp|libibverbs|libfabric";
         command -v ucx_info && ucx_info -v && ucx_info -d | grep -E "Memory domain|Transport|Device" | head -40;
@@ -65,7 +105,7 @@ for s in $STAGES; do
         $PY -c "import mori_core; print(mori_core.build_info())"; } > "$OUT/probe.log" 2>&1
       grep -E "internode|gdrdrv|No such|ucx_info|Transport: (tcp|cuda)|Compute Mode" "$OUT/probe.log" | head -12 >> "$SUMMARY"
       # NCCL's device API would need an NCCL communicator across the ranks sharing the GPU.
-      stage nccl_two_ranks_one_gpu 90 "NCCL_DEBUG=WARN $PY tools/gpu/nccl_shared_gpu_probe.py"
+      BUDGET=100000 stage nccl_two_ranks_one_gpu 90 "NCCL_DEBUG=WARN $PY tools/gpu/nccl_shared_gpu_probe.py"
       grep -E "NCCL-PROBE" "$OUT/nccl_two_ranks_one_gpu.log" | head -4 | cut -c1-300 >> "$SUMMARY" ;;
     bringup)
       for c in "${CONFIGS[@]}"; do
@@ -74,32 +114,32 @@ for s in $STAGES; do
         echo "=== bringup_$name: $envs" > "$OUT/bringup_$name.log"
         timeout --signal=INT --kill-after=5 ${BRINGUP_TIMEOUT:-35} bash -c "env $envs NVSHMEM_DEBUG=WARN MORI_TEST_NET_MODE='$name' MORI_BOOTSTRAP_TIMEOUT=30 $PYTEST '$T::test_nvshmem_bringup[2]'" >> "$OUT/bringup_$name.log" 2>&1
         rc=$?
-        printf '%-22s rc=%-3s %4ss\n' "bringup_$name" "$rc" "$((SECONDS - t0))" | tee -a "$SUMMARY"
+        printf '%-24s rc=%-3s %4ss\n' "bringup_$name" "$rc" "$((SECONDS - t0))" | tee -a "$SUMMARY"
         if [ $rc = 0 ]; then MODE=$name; MODE_ENV=$envs; break; fi
         echo "  last lines of bringup_$name.log:" >> "$SUMMARY"
         grep -v "^\s*$" "$OUT/bringup_$name.log" | grep -v "^=== " | grep -E -i "error|warn|fail|abort|timed out|refus|not |unable|cannot|assert" | tail -6 | cut -c1-240 | sed 's/^/    /' >> "$SUMMARY"
       done
-      echo "mode: ${MODE:-none passed} ${MODE_ENV}" | tee -a "$SUMMARY"
-      if [ -n "$MODE" ]; then
-        stage "bringup_${MODE}_ep4_ep8" 120 "env $MODE_ENV MORI_TEST_NET_MODE=$MODE $PYTEST '$T::test_nvshmem_bringup[4]' '$T::test_nvshmem_bringup[8]'"
-      fi ;;
+      echo "mode: ${MODE:-none passed} ${MODE_ENV}" | tee -a "$SUMMARY" ;;
     tests)
       if [ -z "$MODE" ] && [[ " $STAGES " != *" bringup "* ]]; then MODE=p2p; fi
       [ -z "$MODE" ] && { echo "tests: skipped (no NVSHMEM configuration came up)" | tee -a "$SUMMARY"; continue; }
-      for c in $INTERNODE_CONFIGS; do
-        stage "tests_${MODE}_$c" 400 "env $MODE_ENV MORI_TEST_NET_MODE=$MODE MORI_TEST_INTERNODE_CONFIGS=$c $PYTEST '$T::test_internode_kernel_types[$c]'"
-        grep -h "INTERNODE rank=0" "$OUT/tests_${MODE}_$c.log" | cut -c1-240 >> "$SUMMARY"
+      for w in 2 4 8; do
+        BUDGET=100000 stage "tests_${MODE}_ep$w" 400 "env $MODE_ENV MORI_TEST_NET_MODE=$MODE MORI_TEST_INTERNODE_CONFIGS=${INTERNODE_CONFIGS// /,},2x1 $PYTEST '$T::test_internode_kernel_types[$w]'"
       done ;;
     timeout)
       [ -z "$MODE" ] && { echo "timeout: skipped (no NVSHMEM configuration came up)" | tee -a "$SUMMARY"; continue; }
-      stage "timeout_$MODE" 300 "env $MODE_ENV MORI_TEST_NET_MODE=$MODE $PYTEST '$T::test_timeout_names_the_missing_peer[4]' '$T::test_timeout_names_the_missing_peer[8]'"
-      grep -h "TIMEOUT" "$OUT/timeout_$MODE.log" | cut -c1-240 | head -8 >> "$SUMMARY" ;;
+      BUDGET=100000 stage "timeout_$MODE" 300 "env $MODE_ENV MORI_TEST_NET_MODE=$MODE $PYTEST '$T::test_timeout_names_the_missing_peer[4]' '$T::test_timeout_names_the_missing_peer[8]'" ;;
     bench)
-      stage bench 200 "env $MODE_ENV $PY -m mori_core.bench ep --world-size 2 --kernel-type InterNodeV1,InterNodeV1LL,AsyncLL,InterNode --gpu-per-node 1 --tokens 128,1024 --dtypes bf16 --iters 5 --json $OUT/bench_internode.json" ;;
+      BUDGET=100000 stage bench 200 "env $MODE_ENV $BENCH --world-size 2 --kernel-type InterNodeV1,InterNodeV1LL,AsyncLL,InterNode --tokens 128,1024 --json $OUT/bench_internode.json" ;;
     *) echo "unknown stage $s" | tee -a "$SUMMARY" ;;
   esac
 done
 
-echo; echo "===== inter-node summary (mode: ${MODE:-none})"; cat "$SUMMARY"
-[ -f "$OUT/bench.log" ] && { echo "----- bench"; grep -E "^\||^###|Error" "$OUT/bench.log" | head -40; }
+echo; echo "===== inter-node summary ($((SECONDS - T0)) s of ${BUDGET}s)"; cat "$SUMMARY"
+echo "----- per type, config and path (rank 0)"
+cat "$OUT"/tests_*.log 2>/dev/null | grep -h "^INTERNODE rank=0 type=.*: \(PASS\|FAIL\)" | cut -c1-220
+cat "$OUT"/timeout_*.log 2>/dev/null | grep -h "^TIMEOUT" | cut -c1-200 | head -8
+for f in bench_ep2 bench_ep4; do
+  [ -f "$OUT/$f.log" ] && { echo "----- $f"; grep -E "^\||^#|skipped|failed|Error|error" "$OUT/$f.log" | grep -v "^|---" | cut -c1-260 | head -150; }
+done
 ! grep -qE "^(tests|timeout)_.*rc=[1-9]" "$SUMMARY"

@@ -1,7 +1,9 @@
-// Device helpers of the inter-node kernels: routing masks, the put-with-signal
-// of staged network rows, bounded waits on NVSHMEM signal words, the
-// block-wide slot reservation on node peers (the IntraNode scheme: one
-// system-scope atomic per (block, peer)), and the kernels' launch. Node-peer
+// Device helpers of the inter-node kernels: routing masks, the signals of the
+// network rows (a release store to a direct peer, an NVSHMEM signal to a put
+// peer), bounded waits on the signal words, unrolled row copies, the phase
+// timestamps, the block-wide reservations of node-peer slots (the IntraNode
+// scheme: one system-scope atomic per (block, peer)) and of network rows (one
+// atomic per (block, node)), and the kernels' launch. Node-peer
 // addressing, the spin-waits, error reporting and the "last block" barrier are
 // IntraNode's (ops/ep_device_common.hpp), used here with InterArgs: its peers
 // are the GPUs of this node.
@@ -72,16 +74,73 @@ __device__ __forceinline__ uint64_t SignalValue(uint32_t round, uint32_t rows) {
   return (static_cast<uint64_t>(round) << 32) | rows;
 }
 
-// Warp-collective: puts `rows` rows of `stride` bytes from src to dst on `pe`,
-// then sets `pe`'s signal word `sig` to (round, rows); with no rows only the
-// signal is set (every peer node waits for one, with 0 rows too).
-__device__ __forceinline__ void PutRowsWithSignal(uint8_t* dst, const uint8_t* src, int rows, int stride, uint64_t* sig,
-                                                  uint32_t round, int pe, int lane) {
+__device__ __forceinline__ void StoreReleaseSys64(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Records phase point `pt` of round `round` (dispatch: dir 0, combine: dir 1).
+__device__ __forceinline__ void RecordPhase(const InterArgs& a, int dir, int pt, uint32_t round) {
+  a.buf.phase_ns[(static_cast<size_t>(dir) * kPhaseRing + (round % kPhaseRing)) * kPhasePoints + pt] =
+      static_cast<int64_t>(mori::ep::dev::GlobalTimerNs());
+}
+
+// `p` (inside this rank's NVSHMEM allocation) as node m's proxy sees it, through the
+// load/store mapping `delta` (s_delta[m]); only for direct peers (delta != 0).
+template <typename T>
+__device__ __forceinline__ T* NetPeer(T* p, int64_t delta) {
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + delta);
+}
+
+// Signals node m's proxy that this rank's rows of `round` are in place: a
+// release store through the mapping for a direct peer, an NVSHMEM signal for a
+// put peer (after the caller's nvshmem_quiet completed the puts). One thread.
+__device__ __forceinline__ void SignalNode(uint64_t* sig, uint32_t round, int rows, int64_t delta, int pe) {
   const uint64_t value = SignalValue(round, static_cast<uint32_t>(rows));
-  if (rows > 0)
-    nvshmemx_putmem_signal_nbi_warp(dst, src, static_cast<size_t>(rows) * stride, sig, value, NVSHMEM_SIGNAL_SET, pe);
-  else if (lane == 0)
+  if (delta != 0)
+    StoreReleaseSys64(NetPeer(sig, delta), value);
+  else
     nvshmemx_signal_op(sig, value, NVSHMEM_SIGNAL_SET, pe);
+}
+
+// A 16-byte vector of a source row: the read-only input (non-coherent path) or
+// memory a peer wrote (coherent load).
+template <bool kStreamSrc>
+__device__ __forceinline__ int4 LoadVec(const int4* p) {
+  return kStreamSrc ? LoadStream(p) : LoadPeer(p);
+}
+
+// Copies 16-byte vectors [v0, v1) of a row: lanes keep kUnroll loads in flight
+// before storing (one pointer per destination).
+template <int kUnroll, bool kStreamSrc>
+__device__ __forceinline__ void CopyVecs(int4* dst, const int4* src, int v0, int v1, int lane) {
+  for (int v = v0 + lane; v < v1; v += kWarpSize * kUnroll) {
+    int4 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + u * kWarpSize < v1) x[u] = LoadVec<kStreamSrc>(src + v + u * kWarpSize);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, x[u]);
+  }
+}
+
+// Copies vectors [v0, v1) of `src` to every node peer l with on[l] (at dst[l]).
+template <int kUnroll, bool kStreamSrc>
+__device__ __forceinline__ void CopyVecsToPeers(int4* const (&dst)[kMaxLocal], const bool (&on)[kMaxLocal],
+                                                const int4* src, int v0, int v1, int lane) {
+  for (int v = v0 + lane; v < v1; v += kWarpSize * kUnroll) {
+    int4 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + u * kWarpSize < v1) x[u] = LoadVec<kStreamSrc>(src + v + u * kWarpSize);
+#pragma unroll
+    for (int l = 0; l < kMaxLocal; ++l) {
+      if (!on[l]) continue;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (v + u * kWarpSize < v1) Store16(dst[l] + v + u * kWarpSize, x[u]);
+    }
+  }
 }
 
 // Waits until the signal word carries `round` (upper 32 bits), bounded by the
@@ -171,6 +230,65 @@ __device__ __forceinline__ void ReserveRow(const InterArgs& a, uint32_t bits, in
       if (l < a.geo.gpn) table[at + l] = slot[l];
     }
   }
+}
+
+// Shared memory of ReserveNodeRows.
+struct NodeReserveSmem {
+  int32_t warp_off[32][kMaxWorld];  // rows of each warp for node m, then its offset in the block's range
+  int32_t base[kMaxWorld];          // first network row of this block's batch for node m
+  int32_t run[kMaxWorld];           // network rows of this block's batch for node m
+};
+
+// Block-wide reservation of network rows: thread tid holds own token t (has)
+// with destination mask `mask`; for every other node m it hits, the token gets
+// network row j of node m (one atomic per (block, node) on net_counter[m], so
+// a batch's rows for m are the contiguous range [base[m], base[m] + run[m]) in
+// token order). Writes node_slot[t][m] (j or -1) and net_row_tok[m][j] = t.
+__device__ __forceinline__ void ReserveNodeRows(const InterArgs& a, uint64_t mask, bool has, int t,
+                                                NodeReserveSmem& sm) {
+  const InterGeometry& g = a.geo;
+  const int tid = threadIdx.x, lane = mori::ep::dev::LaneId(), warp = tid / kWarpSize;
+  const int nwarps = blockDim.x / kWarpSize;
+  for (int m = 0; m < g.nodes; ++m) {
+    const auto b = mori::ep::dev::Ballot(has && m != g.node && HitsNode(mask, m, g));
+    if (lane == 0) sm.warp_off[warp][m] = mori::ep::dev::PopCount(b);
+  }
+  __syncthreads();
+  for (int m = tid; m < g.nodes; m += blockDim.x) {
+    int run = 0;
+    for (int w = 0; w < nwarps; ++w) {
+      const int c = sm.warp_off[w][m];
+      sm.warp_off[w][m] = run;
+      run += c;
+    }
+    sm.run[m] = run;
+    sm.base[m] = run > 0 ? atomicAdd(&a.buf.net_counter[m], run) : 0;
+  }
+  __syncthreads();
+  for (int m = 0; m < g.nodes; ++m) {
+    const bool hit = has && m != g.node && HitsNode(mask, m, g);
+    const auto b = mori::ep::dev::Ballot(hit);
+    if (!has) continue;
+    int j = -1;
+    if (hit) {
+      j = sm.base[m] + sm.warp_off[warp][m] + mori::ep::dev::PopCount(b & mori::ep::dev::LanesBelow(lane));
+      a.buf.net_row_tok[static_cast<size_t>(m) * g.max_tok + j] = t;
+    }
+    a.buf.node_slot[static_cast<size_t>(t) * g.nodes + m] = j;
+  }
+}
+
+// Index of the node whose item range [off[m], off[m + 1]) holds `item` (off[0] = 0).
+__device__ __forceinline__ int NodeOfItem(const int32_t* off, int nodes, int item) {
+  int lo = 0, hi = nodes - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (off[mid] <= item)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
 }
 
 // Work split of `count` rows over `warps` warps: rows are cut into `parts`

@@ -1,18 +1,32 @@
 // Inter-node dispatch, two launches:
 //
-// DispatchSend (all kernel types; AsyncLL's dispatch_send):
-//   per own token: the destination-rank mask; rows for ranks of this node go
-//   straight into those ranks' receive buffers over NVLink (IntraNode's slot
-//   reservation); for every other node the token hits, the row (payload,
-//   weights, ids, scales, source index) is packed ONCE into the staging area of
-//   that node. With rdma_blocks > 0 (InterNodeV1/V1LL) blocks [0, rdma_blocks)
-//   do the staging and the others the NVLink writes, concurrently. The last
-//   block puts each node's staged rows to the same-local-rank GPU of that node
-//   with one NVSHMEM put-with-signal (signal = round << 32 | rows).
+// DispatchSend (all kernel types; AsyncLL's dispatch_send), per batch of up to
+// blockDim own tokens of a block:
+//   1. one thread per token builds its destination-rank mask; the block
+//      reserves slots on the node peers its tokens go to (IntraNode's scheme,
+//      one system-scope atomic per (block, peer)) and network rows for every
+//      other node they hit (one atomic per (block, node): the batch's rows for
+//      node m are one contiguous range, in token order);
+//   2. every warp takes work items: a token's row for the node peers (loaded
+//      once, stored to each), and the network rows of each peer node. A direct
+//      peer (NVSHMEM heap load/store-reachable) gets the row, with weights, ids,
+//      scales and source index, stored straight into its receive area; small
+//      batches cut rows into slices so that every warp has work. A put peer
+//      gets chunks of `put_rows` rows: the warp stages them locally and issues
+//      one nvshmemx_putmem_nbi_warp per chunk at once, so staging and sending
+//      overlap across warps and blocks and many puts are in flight.
+//   With rdma_blocks > 0 (InterNodeV1/V1LL) blocks [0, rdma_blocks) do the
+//   network rows and the others the node peers, concurrently.
+//   3. the last block completes the puts (nvshmem_quiet) and signals every
+//      peer node (round << 32 | rows): a release store through the mapping for
+//      a direct peer, nvshmemx_signal_op for a put peer.
 // DispatchRecv (AsyncLL's dispatch_recv):
 //   waits (bounded) for every other node's signal, forwards each received row
 //   to its destination ranks on this node over NVLink, then the node barrier:
 //   the receive count is final and published as total_recv.
+//
+// The receive area is fixed: node n's rows land in [par][n][row j] of the
+// proxy's net_recv, whichever path carried them (the LL layout contract).
 #include "ops/internode/internode_device.cuh"
 
 namespace mori::ep::inter {
@@ -36,24 +50,44 @@ __device__ __forceinline__ void WriteMeta(const InterArgs& a, int l, int slot, c
   if (lane == 0) Peer(a, a.buf.src_pos, l)[s] = src_pos;
 }
 
+// Writes the metadata of own token t into a network row (local staging or a
+// direct peer's receive area): weights, ids, scales, flat source index.
+__device__ __forceinline__ void WriteNetMeta(uint8_t* row, const RowLayout& L, const InterArgs& a,
+                                             const InterDispatchParams& p, size_t t, int lane) {
+  const InterGeometry& g = a.geo;
+  if (lane < g.topk) {
+    reinterpret_cast<float*>(row + L.weights)[lane] = p.weights ? p.weights[t * g.topk + lane] : 0.f;
+    reinterpret_cast<int32_t*>(row + L.indices)[lane] = p.indices[t * g.topk + lane];
+  }
+  if (p.scales) CopySmall(row + L.scales, p.scales + t * g.scale_bytes, g.scale_bytes, lane);
+  if (lane == 0) *reinterpret_cast<int32_t*>(row + L.src_pos) = g.rank * g.max_send + static_cast<int32_t>(t);
+}
+
 struct SendSmem {
   ReserveSmem reserve;
+  NodeReserveSmem node;
   int32_t slot[kMaxThreads][kMaxLocal];
+  int32_t item_off[kMaxWorld + 1];  // work items of each peer node in this batch (prefix)
+  int64_t delta[kMaxWorld];         // net_peer_delta, per node
   int flag;
 };
+
+constexpr int kCopyUnroll = 4;  // 16-byte vectors in flight per lane
 
 __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a, InterDispatchParams p) {
   __shared__ SendSmem sm;
   const InterGeometry& g = a.geo;
   if (OpFailed(a)) return;
   const auto [round, par] = NextRound(a.buf.sync->dispatch_epoch);
-  int32_t* counter = a.buf.recv_counter + par;
   const int T = blockDim.x, tid = threadIdx.x, lane = mori::ep::dev::LaneId();
   const int warp = tid / kWarpSize, nwarps = T / kWarpSize;
+  if (blockIdx.x == 0 && tid == 0) RecordPhase(a, 0, kTDispSendStart, round);
+  int32_t* counter = a.buf.recv_counter + par;
   const int n = p.num_tokens, vecs = p.row_bytes / 16;
   const RowLayout L = DispatchRowLayout(p.row_bytes, g.topk, g.scale_bytes);
+  const int put_rows = max(1, p.put_rows);
 
-  // Block roles: staging for the network, NVLink writes, or both.
+  // Block roles: network rows, node-peer rows, or both.
   const bool split = p.rdma_blocks > 0 && p.rdma_blocks < static_cast<int>(gridDim.x) && g.nodes > 1;
   const int bid = blockIdx.x;
   const bool do_net = g.nodes > 1 && (!split || bid < p.rdma_blocks);
@@ -62,94 +96,116 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a
   const int role_bid = !split || do_net ? bid : bid - p.rdma_blocks;
   const int chunk = (n + role_blocks - 1) / role_blocks;
   const int begin = min(n, role_bid * chunk), end = min(n, begin + chunk);
+  for (int m = tid; m < g.nodes; m += T) sm.delta[m] = a.buf.net_peer_delta[m];
+  // Node m's proxy receives this rank's rows in its region for this node.
+  uint8_t* const recv_region = do_net ? a.buf.net_recv + NetRegion(g, par, g.node, g.disp_stride_cap) : nullptr;
 
   for (int r0 = begin; r0 < end; r0 += T) {
     const int cnt = min(T, end - r0);
-    uint64_t mask = 0;
-    if (tid < cnt) {
-      const int t = r0 + tid;
-      mask = RankMask(p.indices + static_cast<size_t>(t) * g.topk, g);
-      if (do_local) a.buf.token_mask[t] = mask;
-      if (do_net) {
-        for (int m = 0; m < g.nodes; ++m) {
-          int j = -1;
-          if (m != g.node && HitsNode(mask, m, g)) j = atomicAdd(&a.buf.net_counter[m], 1);
-          a.buf.node_slot[static_cast<size_t>(t) * g.nodes + m] = j;
-        }
-      }
-    }
+    const bool has = tid < cnt;
+    const int t = r0 + tid;
+    const uint64_t mask = has ? RankMask(p.indices + static_cast<size_t>(t) * g.topk, g) : 0;
+    if (has && do_local) a.buf.token_mask[t] = mask;
+    if (do_net) ReserveNodeRows(a, mask, has, t, sm.node);
     if (do_local)
-      ReserveRow(a, tid < cnt ? LocalBits(mask, g) : 0u, counter, sm.reserve, tid < cnt, sm.slot[tid], a.buf.local_slot,
-                 static_cast<size_t>(r0 + tid) * g.gpn, kPhaseDispatchSend);
+      ReserveRow(a, has ? LocalBits(mask, g) : 0u, counter, sm.reserve, has, sm.slot[tid], a.buf.local_slot,
+                 static_cast<size_t>(t) * g.gpn, kPhaseDispatchSend);
+    if (do_net && tid == 0) {
+      int run = 0;
+      for (int m = 0; m < g.nodes; ++m) {
+        sm.item_off[m] = run;
+        const int rows = sm.node.run[m];
+        run += sm.delta[m] != 0 ? rows : (rows + put_rows - 1) / put_rows;
+      }
+      sm.item_off[g.nodes] = run;
+    }
     __syncthreads();
 
-    // Copy (token, slice) items: the row is loaded once and stored to every
-    // node peer it goes to and to every staging row it needs.
-    const Split sp(cnt, nwarps, vecs);
-    for (int item = warp; item < sp.items; item += nwarps) {
-      const int li = item % cnt, part = item / cnt;
-      const size_t t = static_cast<size_t>(r0 + li);
-      int4* dst[kMaxLocal];
-      bool on[kMaxLocal];
+    // Work items: [0, local_items) own tokens for the node peers, then the network items.
+    const int local_items = do_local ? cnt : 0;
+    const int total = local_items + (do_net ? sm.item_off[g.nodes] : 0);
+    int parts = 1;
+    if (g.put_peers == 0 || !do_net) parts = min(max(1, nwarps / max(total, 1)), max(1, vecs / kWarpSize));
+    const int vpp = (vecs + parts - 1) / parts;
+    for (int it = warp; it < total * parts; it += nwarps) {
+      const int item = it % total, part = it / total;
+      const int v0 = part * vpp, v1 = min(vecs, v0 + vpp);
+      if (item < local_items) {
+        const int li = item;
+        const size_t tt = static_cast<size_t>(r0 + li);
+        int4* dst[kMaxLocal];
+        bool on[kMaxLocal], any = false;
 #pragma unroll
-      for (int l = 0; l < kMaxLocal; ++l) {
-        const int s = do_local && l < g.gpn ? sm.slot[li][l] : -1;
-        on[l] = s >= 0;
-        dst[l] = reinterpret_cast<int4*>(Peer(a, a.buf.dispatch_out, l) + static_cast<size_t>(max(s, 0)) * p.row_bytes);
-      }
-      const int4* src = reinterpret_cast<const int4*>(p.input + t * p.row_bytes);
-      const int v0 = part * sp.vpp, v1 = min(vecs, v0 + sp.vpp);
-      for (int v = v0 + lane; v < v1; v += kWarpSize) {
-        const int4 x = LoadStream(src + v);
+        for (int l = 0; l < kMaxLocal; ++l) {
+          const int s = l < g.gpn ? sm.slot[li][l] : -1;
+          on[l] = s >= 0;
+          any |= on[l];
+          dst[l] = reinterpret_cast<int4*>(Peer(a, a.buf.dispatch_out, l) +
+                                           static_cast<size_t>(max(s, 0)) * p.row_bytes);
+        }
+        if (!any) continue;  // the token goes to no rank of this node
+        const int4* src = reinterpret_cast<const int4*>(p.input + tt * p.row_bytes);
+        CopyVecsToPeers<kCopyUnroll, true>(dst, on, src, v0, v1, lane);
+        if (part != 0) continue;
+        const float* w = p.weights ? p.weights + tt * g.topk : nullptr;
+        const uint8_t* sc = p.scales ? p.scales + tt * g.scale_bytes : nullptr;
+        const int32_t pos = g.rank * g.max_send + static_cast<int32_t>(tt);
 #pragma unroll
         for (int l = 0; l < kMaxLocal; ++l)
-          if (on[l]) Store16(dst[l] + v, x);
-        if (do_net) {
-          for (int m = 0; m < g.nodes; ++m) {
-            const int j = a.buf.node_slot[t * g.nodes + m];
-            if (j >= 0)
-              Store16(reinterpret_cast<int4*>(a.buf.net_send + NetRegion(g, par, m, g.disp_stride_cap) +
-                                              static_cast<size_t>(j) * p.stride) + v, x);
-          }
-        }
+          if (on[l]) WriteMeta(a, l, sm.slot[li][l], w, p.indices + tt * g.topk, sc, pos, lane);
+        continue;
       }
-      if (part != 0) continue;
-      const float* w = p.weights ? p.weights + t * g.topk : nullptr;
-      const int32_t* ids = p.indices + t * g.topk;
-      const uint8_t* sc = p.scales ? p.scales + t * g.scale_bytes : nullptr;
-      const int32_t pos = g.rank * g.max_send + static_cast<int32_t>(t);
-#pragma unroll
-      for (int l = 0; l < kMaxLocal; ++l)
-        if (on[l]) WriteMeta(a, l, sm.slot[li][l], w, ids, sc, pos, lane);
-      if (do_net) {
-        for (int m = 0; m < g.nodes; ++m) {
-          const int j = a.buf.node_slot[t * g.nodes + m];
-          if (j < 0) continue;
-          uint8_t* row = a.buf.net_send + NetRegion(g, par, m, g.disp_stride_cap) + static_cast<size_t>(j) * p.stride;
-          if (lane < g.topk) {
-            reinterpret_cast<float*>(row + L.weights)[lane] = w ? w[lane] : 0.f;
-            reinterpret_cast<int32_t*>(row + L.indices)[lane] = ids[lane];
-          }
-          if (sc) CopySmall(row + L.scales, sc, g.scale_bytes, lane);
-          if (lane == 0) *reinterpret_cast<int32_t*>(row + L.src_pos) = pos;
-        }
+      const int ni = item - local_items;
+      const int m = NodeOfItem(sm.item_off, g.nodes, ni);
+      const int q = ni - sm.item_off[m];
+      const int64_t delta = sm.delta[m];
+      const int* row_tok = a.buf.net_row_tok + static_cast<size_t>(m) * g.max_tok;
+      if (delta != 0) {  // direct: store into node m's proxy's receive area
+        const int j = sm.node.base[m] + q;
+        const size_t tt = static_cast<size_t>(row_tok[j]);
+        uint8_t* row = NetPeer(recv_region, delta) + static_cast<size_t>(j) * p.stride;
+        const int4* src = reinterpret_cast<const int4*>(p.input + tt * p.row_bytes);
+        CopyVecs<kCopyUnroll, true>(reinterpret_cast<int4*>(row), src, v0, v1, lane);
+        if (part == 0) WriteNetMeta(row, L, a, p, tt, lane);
+        continue;
       }
+      // put: stage a chunk of rows, then one put of the chunk
+      const int j0 = sm.node.base[m] + q * put_rows;
+      const int j1 = min(sm.node.base[m] + sm.node.run[m], j0 + put_rows);
+      uint8_t* stage = a.buf.net_send + NetRegion(g, par, m, g.disp_stride_cap);
+      for (int j = j0; j < j1; ++j) {
+        const size_t tt = static_cast<size_t>(row_tok[j]);
+        uint8_t* row = stage + static_cast<size_t>(j) * p.stride;
+        const int4* src = reinterpret_cast<const int4*>(p.input + tt * p.row_bytes);
+        CopyVecs<kCopyUnroll, true>(reinterpret_cast<int4*>(row), src, 0, vecs, lane);
+        WriteNetMeta(row, L, a, p, tt, lane);
+      }
+      __syncwarp();
+      const size_t at = static_cast<size_t>(j0) * p.stride;
+      nvshmemx_putmem_nbi_warp(recv_region + at, stage + at, static_cast<size_t>(j1 - j0) * p.stride,
+                               m * g.gpn + g.local);
     }
     __syncthreads();
   }
 
-  // The last block ships every node's staged rows with one put-with-signal.
+  // The last block completes the puts and signals every peer node (with 0 rows too).
   if (!ArriveLast(&a.buf.arrive[kArriveDispatchSend], &sm.flag)) return;
-  for (int m = warp; m < g.nodes; m += nwarps) {
+  if (tid == 0) {
+    RecordPhase(a, 0, kTDispSendCopied, round);
+    if (g.put_peers > 0) nvshmem_quiet();
+  }
+  __syncthreads();
+  for (int m = tid; m < g.nodes; m += T) {
     if (m == g.node) continue;
     const int rows = *reinterpret_cast<volatile int32_t*>(&a.buf.net_counter[m]);
-    PutRowsWithSignal(a.buf.net_recv + NetRegion(g, par, g.node, g.disp_stride_cap),
-                      a.buf.net_send + NetRegion(g, par, m, g.disp_stride_cap), rows, p.stride,
-                      a.buf.net_disp_sig + par * g.nodes + g.node, round, m * g.gpn + g.local, lane);
-    __syncwarp();
-    if (lane == 0) a.buf.net_counter[m] = 0;
+    SignalNode(a.buf.net_disp_sig + par * g.nodes + g.node, round, rows, sm.delta[m], m * g.gpn + g.local);
+    a.buf.net_counter[m] = 0;
   }
-  if (tid == 0) a.buf.sync->dispatch_tokens = n;
+  __syncthreads();
+  if (tid == 0) {
+    a.buf.sync->dispatch_tokens = n;
+    RecordPhase(a, 0, kTDispSendSignalled, round);
+  }
 }
 
 struct RecvSmem {
@@ -171,6 +227,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
   const int warp = tid / kWarpSize, nwarps = T / kWarpSize;
   const int vecs = p.row_bytes / 16;
   const RowLayout L = DispatchRowLayout(p.row_bytes, g.topk, g.scale_bytes);
+  if (blockIdx.x == 0 && tid == 0) RecordPhase(a, 0, kTDispRecvStart, round);
 
   // Rows from every other node (each sends a signal, with 0 rows too).
   bool ok = true;
@@ -190,6 +247,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
   }
   if (!__syncthreads_and(ok)) return;
   if (tid == 0) {
+    if (blockIdx.x == 0) RecordPhase(a, 0, kTDispRecvArrived, round);
     int run = 0;
     for (int m = 0; m < g.nodes; ++m) {
       sm.off[m] = run;
@@ -210,7 +268,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
     int src_node = 0, j = 0;
     if (tid < cnt) {
       const int it = r0 + tid;
-      while (src_node + 1 < g.nodes && sm.off[src_node + 1] <= it) ++src_node;
+      src_node = NodeOfItem(sm.off, g.nodes, it);
       j = it - sm.off[src_node];
       const uint8_t* row =
           a.buf.net_recv + NetRegion(g, par, src_node, g.disp_stride_cap) + static_cast<size_t>(j) * p.stride;
@@ -223,8 +281,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
     for (int item = warp; item < sp.items; item += nwarps) {
       const int li = item % cnt, part = item / cnt;
       const int it = r0 + li;
-      int m = 0;
-      while (m + 1 < g.nodes && sm.off[m + 1] <= it) ++m;
+      const int m = NodeOfItem(sm.off, g.nodes, it);
       const uint8_t* row =
           a.buf.net_recv + NetRegion(g, par, m, g.disp_stride_cap) + static_cast<size_t>(it - sm.off[m]) * p.stride;
       int4* dst[kMaxLocal];
@@ -236,12 +293,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
         dst[l] = reinterpret_cast<int4*>(Peer(a, a.buf.dispatch_out, l) + static_cast<size_t>(max(s, 0)) * p.row_bytes);
       }
       const int v0 = part * sp.vpp, v1 = min(vecs, v0 + sp.vpp);
-      for (int v = v0 + lane; v < v1; v += kWarpSize) {
-        const int4 x = LoadPeer(reinterpret_cast<const int4*>(row) + v);
-#pragma unroll
-        for (int l = 0; l < kMaxLocal; ++l)
-          if (on[l]) Store16(dst[l] + v, x);
-      }
+      CopyVecsToPeers<kCopyUnroll, false>(dst, on, reinterpret_cast<const int4*>(row), v0, v1, lane);
       if (part != 0) continue;
       const float* w = reinterpret_cast<const float*>(row + L.weights);
       const int32_t* ids = reinterpret_cast<const int32_t*>(row + L.indices);
@@ -256,6 +308,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
 
   // Node barrier: every node peer finished writing into this rank.
   if (!ArriveLast(&a.buf.arrive[kArriveDispatchRecv], &sm.flag)) return;
+  if (tid == 0) RecordPhase(a, 0, kTDispRecvForwarded, round);
   if (tid < g.gpn) {
     FenceSys();
     StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.local, tid), round);
@@ -271,6 +324,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchRecvKernel(InterArgs a
       total = g.max_recv;
     }
     st->total_recv = total;
+    RecordPhase(a, 0, kTDispRecvDone, round);
     st->dispatch_epoch = round;
   }
 }

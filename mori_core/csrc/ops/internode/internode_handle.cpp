@@ -33,6 +33,9 @@ Layout IpcLayout(const InterHandleConfig& c) {
   l.Add("node_slot", tok * nodes * 4);
   l.Add("fwd_slot", nodes * tok * gpn * 4);
   l.Add("net_counter", nodes * 4);
+  l.Add("net_row_tok", nodes * tok * 4);
+  l.Add("net_peer_delta", nodes * 8);
+  l.Add("phase_ns", 2 * kPhaseRing * kPhasePoints * 8);
   l.Add("recv_rows", nodes * 4);
   l.Add("token_mask", tok * 8);
   l.Add("arrive", kArriveSlots * 4);
@@ -74,7 +77,7 @@ const char* InterNodeHandle::PhaseName(int phase) const {
 size_t InterNodeHandle::IpcBytes(const InterHandleConfig& c) { return IpcLayout(c).total; }
 
 InterNodeHandle::InterNodeHandle(const InterHandleConfig& c, uintptr_t ipc_block,
-                                 const std::vector<int64_t>& local_peer_delta, int device)
+                                 const std::vector<int64_t>& local_peer_delta, int device, bool force_put)
     : EpHandleBase(c, kMaxWorld, 32, " for the inter-node kernels"), device_(device) {
   Require(c.gpu_per_node >= 1 && c.gpu_per_node <= kMaxLocal && c.world_size % c.gpu_per_node == 0,
           "gpu_per_node must be in [1, " + std::to_string(kMaxLocal) + "] and divide world_size=" +
@@ -95,6 +98,18 @@ InterNodeHandle::InterNodeHandle(const InterHandleConfig& c, uintptr_t ipc_block
     net_ = static_cast<uint8_t*>(net::Malloc(nl.total));
   }
   EpErrorRecord* dev_error = OpenErrorRecord();
+
+  // Path per peer node: its proxy's NVSHMEM heap mapped for loads/stores (direct), else puts.
+  std::vector<int64_t> net_delta(nodes, 0);
+  int put_peers = 0;
+  for (int m = 0; m < nodes; ++m) {
+    if (m == c.rank / c.gpu_per_node) continue;
+    void* peer = force_put ? nullptr : net::PeerPtr(net_, m * c.gpu_per_node + c.rank % c.gpu_per_node);
+    net_delta[m] = peer ? reinterpret_cast<int64_t>(peer) - reinterpret_cast<int64_t>(net_) : 0;
+    if (net_delta[m] == 0) ++put_peers;
+  }
+  MORI_GPU_CHECK(
+      cudaMemcpy(ipc_ + il.Off("net_peer_delta"), net_delta.data(), nodes * sizeof(int64_t), cudaMemcpyHostToDevice));
   MORI_GPU_CHECK(cudaDeviceSynchronize());
 
   InterGeometry& g = args_.geo;
@@ -105,6 +120,7 @@ InterNodeHandle::InterNodeHandle(const InterHandleConfig& c, uintptr_t ipc_block
   g.local = c.rank % c.gpu_per_node;
   g.disp_stride_cap = DispStrideCap(c);
   g.comb_stride_cap = CombStrideCap(c);
+  g.put_peers = put_peers;
   BindTimeout(&g.timeout_ns);
   auto at = [&](const char* name) { return ipc_ + il.Off(name); };
   auto net_at = [&](const char* name) { return net_ ? net_ + nl.Off(name) : nullptr; };
@@ -120,6 +136,9 @@ InterNodeHandle::InterNodeHandle(const InterHandleConfig& c, uintptr_t ipc_block
   b.node_slot = reinterpret_cast<int32_t*>(at("node_slot"));
   b.fwd_slot = reinterpret_cast<int32_t*>(at("fwd_slot"));
   b.net_counter = reinterpret_cast<int32_t*>(at("net_counter"));
+  b.net_row_tok = reinterpret_cast<int32_t*>(at("net_row_tok"));
+  b.net_peer_delta = reinterpret_cast<int64_t*>(at("net_peer_delta"));
+  b.phase_ns = reinterpret_cast<int64_t*>(at("phase_ns"));
   b.recv_rows = reinterpret_cast<int32_t*>(at("recv_rows"));
   b.token_mask = reinterpret_cast<uint64_t*>(at("token_mask"));
   b.arrive = reinterpret_cast<uint32_t*>(at("arrive"));
@@ -147,46 +166,67 @@ void InterNodeHandle::CheckOpen() const {
 }
 
 void InterNodeHandle::CheckGrid(int blocks, int warps) const {
-  Require(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
-  Require(warps >= 1 && warps <= kMaxThreads / 32,
-          "warp_per_block must be in [1, " + std::to_string(kMaxThreads / 32) + "], got " + std::to_string(warps));
+  // Messages are built only on failure (this is on every launch's host path).
+  if (blocks < 1) Require(false, "block_num must be >= 1, got " + std::to_string(blocks));
+  if (warps < 1 || warps > kMaxThreads / 32)
+    Require(false, "warp_per_block must be in [1, " + std::to_string(kMaxThreads / 32) + "], got " +
+                       std::to_string(warps));
 }
 
-void InterNodeHandle::DispatchSend(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights,
-                                   uintptr_t scales, uintptr_t indices, int blocks, int warps, int rdma_blocks,
-                                   uintptr_t stream) {
+void InterNodeHandle::set_put_rows(int rows) {
+  Require(rows >= 1 && rows <= cfg_.max_num_inp_token_per_rank,
+          "put_rows must be in [1, max_num_inp_token_per_rank=" + std::to_string(cfg_.max_num_inp_token_per_rank) +
+              "], got " + std::to_string(rows));
+  put_rows_ = rows;
+}
+
+std::pair<uintptr_t, size_t> InterNodeHandle::PhaseRing() const {
   CheckOpen();
+  return {reinterpret_cast<uintptr_t>(args_.buf.phase_ns), 2 * kPhaseRing * kPhasePoints * sizeof(int64_t)};
+}
+
+void InterNodeHandle::Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales,
+                               uintptr_t indices, int blocks, int warps, int rdma_blocks, bool finish,
+                               uintptr_t stream) {
+  CheckOpen();
+  if (Failed()) throw NetOpFailed(ErrorMessage());
   CheckDispatchRows(input, row_bytes, num_tokens, indices);
-  Require(rdma_blocks >= 0, "rdma_block_num must be >= 0");
+  if (rdma_blocks < 0) Require(false, "rdma_block_num must be >= 0");
   CheckGrid(blocks, warps);
-  Require(!dispatch_pending_, "dispatch_send() was called twice without dispatch_recv()");
+  if (dispatch_pending_) Require(false, "dispatch_send() was called twice without dispatch_recv()");
   InterDispatchParams& p = dispatch_;
   p = {};
   FillDispatchPointers(p, cfg_, input, row_bytes, num_tokens, weights, scales, indices);
   p.stride = DispatchRowLayout(row_bytes, cfg_.num_experts_per_token, cfg_.scale_dim * cfg_.scale_type_size).stride;
   p.rdma_blocks = rdma_blocks;
+  p.put_rows = put_rows_;
   DeviceGuard guard(device_);
-  LaunchDispatchSend(args_, p, blocks, warps, reinterpret_cast<cudaStream_t>(stream));
-  dispatch_pending_ = true;
+  auto s = reinterpret_cast<cudaStream_t>(stream);
+  LaunchDispatchSend(args_, p, blocks, warps, s);
+  if (finish)
+    LaunchDispatchRecv(args_, p, blocks, warps, s);
+  else
+    dispatch_pending_ = true;
 }
 
 void InterNodeHandle::DispatchRecv(int blocks, int warps, uintptr_t stream) {
   CheckOpen();
-  Require(dispatch_pending_, "dispatch_recv() needs a preceding dispatch_send()");
+  if (!dispatch_pending_) Require(false, "dispatch_recv() needs a preceding dispatch_send()");
   CheckGrid(blocks, warps);
   DeviceGuard guard(device_);
   LaunchDispatchRecv(args_, dispatch_, blocks, warps, reinterpret_cast<cudaStream_t>(stream));
   dispatch_pending_ = false;
 }
 
-void InterNodeHandle::CombineSend(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights,
-                                  int weight_rows, uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
-                                  uintptr_t stream) {
+void InterNodeHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights,
+                              int weight_rows, uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
+                              bool finish, uintptr_t stream) {
   CheckOpen();
-  Require(!dispatch_pending_, "combine needs the preceding dispatch_recv()");
-  Require(!combine_pending_, "combine_send() was called twice without combine_recv()");
+  if (Failed()) throw NetOpFailed(ErrorMessage());
+  if (dispatch_pending_) Require(false, "combine needs the preceding dispatch_recv()");
+  if (combine_pending_) Require(false, "combine_send() was called twice without combine_recv()");
   const int row_bytes = CheckCombineRows(dtype, hidden_dim, num_tokens, indices);
-  Require(!push || input % 16 == 0, "input must be 16-byte aligned");
+  if (push && input % 16 != 0) Require(false, "input must be 16-byte aligned");
   CheckGrid(blocks, warps);
   InterCombineParams& p = combine_;
   p = {};
@@ -199,17 +239,28 @@ void InterNodeHandle::CombineSend(uintptr_t input, int dtype, int hidden_dim, in
   p.weight_rows = weight_rows;
   p.push = push ? 1 : 0;
   p.num_tokens = num_tokens;
+  p.put_rows = put_rows_;
+  // Node peers read this rank's rows only with several GPUs per node: then they are staged into
+  // the registered buffers first (CombinePrep). Alone in its node, this rank reads them in place,
+  // unless the call is split (AsyncLL's combine_send): the caller may reuse `input` and `weights`
+  // before combine_recv, so they are staged then too.
+  p.prep = cfg_.gpu_per_node > 1 || !finish ? 1 : 0;
+  p.self_rows = p.prep || !push ? args_.buf.combine_inp : p.input;
+  p.self_weights = p.prep ? args_.buf.combine_inp_weights : p.weights;
   combine_dtype_ = dtype;
   DeviceGuard guard(device_);
   auto s = reinterpret_cast<cudaStream_t>(stream);
-  LaunchCombinePrep(args_, p, blocks, warps, s);
+  if (p.prep) LaunchCombinePrep(args_, p, blocks, warps, s);
   LaunchCombineSend(args_, p, dtype, blocks, warps, s);
-  combine_pending_ = true;
+  if (finish)
+    LaunchCombineRecv(args_, p, dtype, blocks, warps, s);
+  else
+    combine_pending_ = true;
 }
 
 void InterNodeHandle::CombineRecv(int blocks, int warps, uintptr_t stream) {
   CheckOpen();
-  Require(combine_pending_, "combine_recv() needs a preceding combine_send()");
+  if (!combine_pending_) Require(false, "combine_recv() needs a preceding combine_send()");
   CheckGrid(blocks, warps);
   DeviceGuard guard(device_);
   LaunchCombineRecv(args_, combine_, combine_dtype_, blocks, warps, reinterpret_cast<cudaStream_t>(stream));

@@ -8,6 +8,11 @@
 //   * NVSHMEM's symmetric heap: the only memory that crosses the network.
 //     Rank (n, l) exchanges rows only with its "proxy" (m, l) on every other
 //     node m: a token crosses the network at most once per destination node.
+// A network peer whose NVSHMEM heap this GPU can address (nvshmem_ptr is not
+// null: the same NVLink domain) is written with plain stores by every warp
+// ("direct"); every other peer gets NVSHMEM puts of rows staged locally, issued
+// in chunks by the warps that staged them ("put"). InterBuffers::net_peer_delta
+// tells which, per peer node; the handle can force every peer onto puts.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,31 @@ enum InterPhase : int32_t {
 enum ArriveSlot : int { kArriveDispatchSend = 0, kArriveDispatchRecv = 1, kArriveCombinePrep = 2,
                         kArriveCombineSend = 3, kArriveCombineRecv = 4, kArriveSlots = 8 };
 
+// Per-phase device timestamps (globaltimer ns) of the last kPhaseRing rounds of
+// each direction, written by the kernels (one store per point; always on) and
+// read by the benchmark to show where a call's time goes. Dispatch points are
+// indexed by the dispatch round, combine points by the combine round.
+enum PhasePoint : int {
+  kTDispSendStart = 0,   // block 0 entered the send launch
+  kTDispSendCopied,      // the last send block finished its rows (writes issued)
+  kTDispSendSignalled,   // puts completed (quiet) and every peer node signalled
+  kTDispRecvStart,       // block 0 entered the receive launch
+  kTDispRecvArrived,     // block 0 saw every peer node's signal
+  kTDispRecvForwarded,   // the last block finished forwarding rows inside the node
+  kTDispRecvDone,        // node barrier passed: total_recv final
+  kTCombPrepStart,       // (gpu_per_node > 1 only) prep launch entered
+  kTCombPrepDone,        // registered buffer staged, node peers told
+  kTCombSendStart,       // block 0 entered the send launch
+  kTCombSendReady,       // block 0 saw every node peer's buffer ready
+  kTCombSendCopied,      // the last block finished the partial rows
+  kTCombSendSignalled,   // puts completed and every peer node signalled
+  kTCombRecvStart,       // block 0 entered the receive launch
+  kTCombRecvArrived,     // block 0 saw every peer node's partials
+  kTCombRecvDone,        // the last block finished the sums
+  kPhasePoints = 16
+};
+constexpr int kPhaseRing = 64;  // rounds kept per direction
+
 struct InterGeometry {
   int32_t rank, world, gpn, nodes, node, local;
   int32_t topk, experts_per_rank, num_experts;
@@ -46,7 +76,7 @@ struct InterGeometry {
   int32_t scale_bytes;  // bytes of one token's scales (0: none)
   int32_t disp_stride_cap;  // bytes of one network dispatch row at the op's maximum row size
   int32_t comb_stride_cap;  // bytes of one network combine row at the op's maximum row size
-  int32_t pad_;
+  int32_t put_peers;        // peer nodes reached by NVSHMEM puts (0: every peer node is direct)
   uint64_t timeout_ns;
 };
 
@@ -75,7 +105,10 @@ struct InterBuffers {
   int32_t* local_slot;         // [max_tok][gpn]: slot of own token t on node peer l, -1 if none
   int32_t* node_slot;          // [max_tok][nodes]: staging row of own token t for node m, -1 if none
   int32_t* fwd_slot;           // [nodes][max_tok][gpn]: slot of forwarded row (n, j) on node peer l
-  int32_t* net_counter;        // [nodes] staging reservations of the running dispatch
+  int32_t* net_counter;        // [nodes] network rows reserved for node m by the running dispatch
+  int32_t* net_row_tok;        // [nodes][max_tok]: own token of network row j for node m (running dispatch)
+  int64_t* net_peer_delta;     // [nodes]: byte distance from net_send's allocation to node m's proxy's twin, 0: puts
+  int64_t* phase_ns;           // [2][kPhaseRing][kPhasePoints] (dispatch, combine) timestamps
   int32_t* recv_rows;          // [nodes] rows received from node n by the last dispatch
   uint64_t* token_mask;        // [max_tok] destination-rank mask of own token t
   uint32_t* arrive;            // [kArriveSlots]
@@ -92,6 +125,7 @@ struct InterArgs {
 struct InterDispatchParams : DispatchRows {
   int32_t stride;        // bytes of one network row for this call
   int32_t rdma_blocks;   // blocks [0, rdma_blocks) stage network rows, the rest write node peers (0: all do both)
+  int32_t put_rows;      // network rows per NVSHMEM put (put path)
 };
 
 struct InterCombineParams {
@@ -104,6 +138,14 @@ struct InterCombineParams {
   int32_t weight_rows;
   int32_t push;           // copy `input` into the registered buffer first
   int32_t num_tokens;
+  int32_t put_rows;       // partial rows per NVSHMEM put (put path)
+  int32_t prep;           // 1: CombinePrep ran (gpu_per_node > 1, or a split call); 0: rows read in place
+  // This rank's own rows and weights as the reductions read them: the registered buffer after
+  // CombinePrep, else `input` (push) or the registered buffer (pull) and `weights` in place.
+  // With one GPU per node no other rank reads or writes them, so a whole (not split) combine
+  // needs no staging copy.
+  const uint8_t* self_rows;
+  const float* self_weights;  // nullable
 };
 
 // Offsets of a network dispatch row's fields after the payload.

@@ -122,6 +122,12 @@ void Free(void* p) {
   nvshmem_free(p);
 }
 
+void* PeerPtr(void* p, int pe) {
+  if (!g_initialized) throw BadState("NVSHMEM is not initialised");
+  if (pe < 0 || pe >= nvshmem_n_pes()) throw InvalidArgument("PE " + std::to_string(pe) + " out of range");
+  return nvshmem_ptr(p, pe);
+}
+
 std::map<std::string, double> SelfTest(int peer, size_t bytes, int64_t timeout_ms) {
   if (!g_initialized) throw BadState("NVSHMEM is not initialised");
   if (peer < 0 || peer >= nvshmem_n_pes()) throw InvalidArgument("self-test peer out of range");

@@ -23,6 +23,9 @@ int NPes();
 // NVSHMEM_SYMMETRIC_SIZE when the heap is exhausted.
 void* Malloc(size_t bytes);
 void Free(void* p);
+// Address of symmetric `p` on `pe` for loads/stores from this GPU, or null when
+// `pe` is reachable only through NVSHMEM's transfers (nvshmem_ptr).
+void* PeerPtr(void* p, int pe);
 // Bring-up check of the engine: a put-with-signal of `bytes` to `peer` and a
 // bounded wait for the signal of the PE that sends here (every PE calls it with
 // the same offset peer - me); verifies the bytes received. Keys: ok,

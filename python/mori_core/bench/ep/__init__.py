@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from mori_core.bench.ep import extensions, v2
+from mori_core.bench.ep import extensions, internode, v2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-per-node", type=int, default=0, help="inter-node types: GPUs per node (default: all)")
     p.add_argument("--rdma-block-num", type=int, default=-1, help="inter-node V1/V1LL: blocks staging network rows")
     extensions.add_arguments(p)
+    internode.add_arguments(p)
     v2.add_arguments(p)
 
 

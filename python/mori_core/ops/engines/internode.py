@@ -23,6 +23,19 @@ Kernel types (MORI's names and values):
   ``dispatch_recv``/``combine_recv`` wait for the peers and finish, so compute can run in
   between. The other types finish both halves in ``dispatch``/``combine``.
 
+Network path, per peer node (every warp of the grid moves rows on both):
+
+* *direct*: the peer's NVSHMEM heap is load/store-reachable from this GPU (``nvshmem_ptr`` is
+  not null: the same NVLink domain). Rows are stored straight into its receive area.
+* *put*: every other peer. Rows are staged locally and sent with NVSHMEM puts of
+  ``MORI_EP_INTERNODE_PUT_ROWS`` rows (default 1: one put per token and node), issued by the
+  warp that staged them as soon as they are ready, so many puts are in flight.
+
+``MORI_EP_INTERNODE_PATH=put`` (read when an op is created; default ``auto``) sends every peer
+through the put path, as if none were load/store-reachable. NVSHMEM then carries the puts over
+whatever transport it has (P2P on one machine), so the network path's logic runs and can be
+timed without a NIC.
+
 Every wait is bounded (``MORI_EP_TIMEOUT_MS``). A timeout names the rank that never arrived,
 and the next call raises :class:`~mori_core.ops.EpOpError`. All calls are device-side only (no
 host sync), so they can be captured in CUDA graphs.
@@ -50,11 +63,14 @@ from mori_core.ops.config import (
     normalize_kernel_type,
     normalize_quant_type,
 )
-from mori_core.ops.engines.gpu_common import HandleEngine, handle_fields, require_gpu_ops
+from mori_core.ops.engines.gpu_common import HandleEngine, byte_view, handle_fields, require_gpu_ops
 from mori_core.ops.errors import EpOpError
 from mori_core.ops.launch_config import LaunchParams, checked_grid, launch_mode, resolve_internode
 # NVSHMEM's symmetric heap when the user sets none: what the op needs, twice, at least 1 GiB.
 _MIN_NVSHMEM_HEAP = 1 << 30
+PATH_ENV = "MORI_EP_INTERNODE_PATH"
+PUT_ROWS_ENV = "MORI_EP_INTERNODE_PUT_ROWS"
+NET_PATHS = ("auto", "put")
 
 _MODULE: Any = None
 _NET_STATE: dict[str, Any] = {}
@@ -138,6 +154,20 @@ def _finalize_network() -> None:
     _NET_STATE.clear()
 
 
+def network_path_from_env(max_tokens: int) -> tuple[bool, int]:
+    """``(force_put, put_rows)`` from ``MORI_EP_INTERNODE_PATH`` (``auto``/``put``, default auto)
+    and ``MORI_EP_INTERNODE_PUT_ROWS`` (rows per NVSHMEM put, 1..``max_tokens``, default 1);
+    raises ValueError naming the variable and what it accepts."""
+    path = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
+    if path not in NET_PATHS:
+        raise ValueError(f"{PATH_ENV}={path!r} must be one of {', '.join(NET_PATHS)}")
+    raw = os.environ.get(PUT_ROWS_ENV, "1").strip() or "1"
+    rows = int(raw) if raw.isdigit() else 0
+    if not 1 <= rows <= max_tokens:
+        raise ValueError(f"{PUT_ROWS_ENV}={raw!r} must be an integer in [1, max_num_inp_token_per_rank={max_tokens}]")
+    return path == "put", rows
+
+
 def network_bytes(config: EpDispatchCombineConfig) -> int:
     """NVSHMEM heap bytes one op needs (0 when the group is one node)."""
     nodes = config.world_size // config.gpu_per_node
@@ -174,6 +204,7 @@ class InterNodeEngine(HandleEngine):
         mod = load_internode()
         from mori_core import shmem
 
+        force_put, put_rows = network_path_from_env(config.max_num_inp_token_per_rank)
         self._place(config)
         self.kernel_type = kt
         self.split_phases = kt == EpDispatchCombineKernelType.AsyncLL
@@ -188,7 +219,7 @@ class InterNodeEngine(HandleEngine):
             shmem.shmem_ptr_p2p(self._ipc, config.rank, node0 + l) - self._ipc for l in range(config.gpu_per_node)
         ]
         try:
-            self._handle = mod.InterNodeHandle(hcfg, self._ipc, deltas, self.device.index)
+            self._handle = mod.InterNodeHandle(hcfg, self._ipc, deltas, self.device.index, force_put)
         except BaseException:
             shmem.shmem_free(self._ipc)
             raise
@@ -198,14 +229,35 @@ class InterNodeEngine(HandleEngine):
 
         shmem.verify_symmetric("ep_internode_offset", self._ipc - int(_C.shmem_heap_info()["base"]))
         self._bind_buffers()  # also the placeholder address for empty weights / scales tensors
+        self._handle.put_rows = put_rows
         self.launch_config_mode = launch_mode()
+        self.failure = mod.InterNodeOpFailure
+        # Bound once for the launches (the op's hot path): the native fast calls, the handle's
+        # address (0 once closed: the fast calls refuse it), the raw stream accessor.
+        self._addr = int(self._handle.address)
+        self._dispatch_native = mod.launch_dispatch
+        self._combine_native = mod.launch_combine
         self._stream_of = stream_handle_getter()
         self._dev = self.device.index
+        self._phase_names = tuple(mod.PHASE_POINTS)
 
     @property
     def uses_network(self) -> bool:
         """True when the group spans several nodes (NVSHMEM carries the inter-node rows)."""
         return bool(self._handle.uses_network)
+
+    @property
+    def network_paths(self) -> dict[str, int]:
+        """Peer nodes per network path: ``{"direct": ..., "put": ...}`` (see the module docstring)."""
+        return {"direct": int(self._handle.direct_peers), "put": int(self._handle.put_peers)}
+
+    def phase_times(self) -> tuple[torch.Tensor, tuple[str, ...]]:
+        """The kernels' phase timestamps: a view ``int64 [2, ring, points]`` (dispatch, combine; row
+        ``round % ring``; globaltimer ns of this GPU, 0 where never written) and the point names.
+        Read it after synchronising; differences within one round give the time of each phase."""
+        ptr, nbytes = self._handle.phase_ring()
+        ring = byte_view(ptr, nbytes, self.device).view(torch.int64)
+        return ring.view(2, -1, len(self._phase_names)), self._phase_names
 
     # ------------------------------------------------------------------ launches
     def resolve_launch(
@@ -229,25 +281,20 @@ class InterNodeEngine(HandleEngine):
             r = 0  # these types have no dedicated network blocks
         return InterNodeLaunch(b, w, r)
 
-    def _raise_if_failed(self) -> None:
-        """The inter-node handle does not check its error record at launch: the send halves do."""
-        msg = self._handle.error_message()
-        if msg:
-            raise EpOpError(msg)
-
     def launch_dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
                         indices: torch.Tensor, num_tokens: int, row_bytes: int, plan: InterNodeLaunch, finish: bool
                         ) -> None:
         """Send every token through the network once per destination node, then over NVLink
-        inside the node; without ``finish`` only the send half (AsyncLL's dispatch_send)."""
-        self._raise_if_failed()
-        self._handle.dispatch_send(input.data_ptr(), row_bytes, num_tokens,
-                                   0 if weights is None else (weights.data_ptr() or self._placeholder),
-                                   0 if scales is None else (scales.data_ptr() or self._placeholder),
-                                   indices.data_ptr(), plan.block_num,
-                                   plan.warp_per_block, plan.rdma_block_num, self._stream_of(self._dev))
-        if finish:
-            self.finish_dispatch(plan)
+        inside the node; without ``finish`` only the send half (AsyncLL's dispatch_send). Raises
+        EpOpError when an earlier kernel of the op failed."""
+        try:
+            self._dispatch_native(self._addr, input.data_ptr(), row_bytes, num_tokens,
+                                  0 if weights is None else (weights.data_ptr() or self._placeholder),
+                                  0 if scales is None else (scales.data_ptr() or self._placeholder),
+                                  indices.data_ptr(), plan.block_num, plan.warp_per_block, plan.rdma_block_num, finish,
+                                  self._stream_of(self._dev))
+        except self.failure as e:
+            raise EpOpError(str(e)) from None
 
     def finish_dispatch(self, plan: InterNodeLaunch) -> None:
         """Wait for the other nodes' rows, forward them inside the node, publish ``total_recv``."""
@@ -257,15 +304,16 @@ class InterNodeEngine(HandleEngine):
                        num_tokens: int, rows: RowBuffer, input_rows: int, push: bool, plan: InterNodeLaunch,
                        finish: bool) -> None:
         """Sum the rows inside each node first (fp32, rounded once to the combine dtype), then
-        across nodes in fp32 in ascending node order (push copies ``input`` into the registered
-        buffer first; pull reads it in place); without ``finish`` only the send half."""
-        self._raise_if_failed()
-        self._handle.combine_send(input.data_ptr(), rows.dtype_code, rows.view.shape[1], input_rows,
-                                  0 if weights is None else (weights.data_ptr() or self._placeholder),
-                                  0 if weights is None else int(weights.shape[0]), indices.data_ptr(), num_tokens,
-                                  bool(push), plan.block_num, plan.warp_per_block, self._stream_of(self._dev))
-        if finish:
-            self.finish_combine(plan)
+        across nodes in fp32 in ascending node order (push reads ``input``; pull reads the
+        registered buffer); without ``finish`` only the send half. Raises EpOpError when an
+        earlier kernel of the op failed."""
+        try:
+            self._combine_native(self._addr, input.data_ptr(), rows.dtype_code, rows.view.shape[1], input_rows,
+                                 0 if weights is None else (weights.data_ptr() or self._placeholder),
+                                 0 if weights is None else int(weights.shape[0]), indices.data_ptr(), num_tokens,
+                                 push, plan.block_num, plan.warp_per_block, finish, self._stream_of(self._dev))
+        except self.failure as e:
+            raise EpOpError(str(e)) from None
 
     def finish_combine(self, plan: InterNodeLaunch) -> None:
         """Wait for the other nodes' partial rows and write the sums."""
@@ -284,6 +332,7 @@ class InterNodeEngine(HandleEngine):
 
         torch.cuda.synchronize(self.device)
         self._views = {}
+        self._addr = 0
         handle.close()
         self._handle = self.handle = None
         try:
