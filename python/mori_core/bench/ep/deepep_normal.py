@@ -110,7 +110,7 @@ def _deepep_keys(handle: Any, rank: int, stride: int) -> Any:
     source rank: rank_prefix_matrix[s][rank] = rows from sources <= s)."""
     import torch
 
-    prefix, src_idx = handle[0][:, rank].to(torch.int64), handle[3].to(torch.int64)
+    prefix, src_idx = handle[0][:, rank].to(torch.int64).contiguous(), handle[3].to(torch.int64)
     src_rank = torch.searchsorted(prefix, torch.arange(src_idx.numel(), device=src_idx.device), right=True)
     return src_rank * stride + src_idx
 

@@ -39,7 +39,7 @@ from mori_core.bench.ep.measure import (
     DTYPES, dtype_inputs, host_idle, measure, merge_ranks, nccl_baseline,
     run_rank, timing_columns_note, token_inputs
 )
-from mori_core.placement import Placement
+from mori_core.placement import Placement, placement
 
 SWEEP_BLOCKS = (32, 64, 96, 132, 264)
 SWEEP_WARPS = (4, 8, 16)
@@ -101,6 +101,8 @@ def _open_deepep(args: argparse.Namespace, world: int, op: Any) -> Any:
     import torch.distributed as dist
 
     ok, why = deepep_normal.available()
+    if placement(world).shared:  # DeepEP needs a GPU per rank (NCCL, its IPC buffers)
+        ok, why = False, "the ranks share GPUs"
     votes = [None] * world
     dist.all_gather_object(votes, ok)
     if not all(votes):
