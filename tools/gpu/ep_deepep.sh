@@ -87,10 +87,18 @@ cat "$SUMMARY"
 for f in ep2_ext ep4_ext; do
   [ -f "$OUT/$f.log" ] && { echo "----- $f"; grep -E "^\[rank 0\] (PASS|FAIL)|^  " "$OUT/$f.log" | head -40; }
 done
+tables() {  # tables FILE PATTERN...: the Markdown tables whose titles match
+  local f=$1; shift
+  for pat in "$@"; do
+    awk -v pat="$pat" 'index($0, pat) && /^###/ {on=1; rows=0} on && /^\|/ {rows++; print; next}
+                       on && /^###/ {print; next} on && rows && !/^\|/ {on=0}' "$f"
+  done
+}
 for f in bench2 bench4; do
   [ -f "$OUT/$f.log" ] || continue
-  echo "----- $f (targets, DeepEP comparison, checks, FP8 / standard-MoE)"
-  sed -n '/issue #31 targets/,/^$/p; /ours vs DeepEP at its best/,/^Ratio\|^DeepEP dispatch =/p; /same data, both libraries/,/^$/p; /best per kernel)/,/^$/p' "$OUT/$f.log" | grep -E "^\||^###" | head -80
+  echo "----- $f (targets, DeepEP comparison, checks, FP8 combine, standard MoE, launch sweep best)"
+  tables "$OUT/$f.log" "issue #31 targets" "ours vs DeepEP at its best" "same data, both libraries" "FP8 combine vs BF16" \
+    "standard-MoE layout" "best per kernel)" | head -150
   grep -E "^wrote |--deepep: skipped|Traceback|Error" "$OUT/$f.log" | head -5
 done
 ls "$OUT"/*.png 2>/dev/null
