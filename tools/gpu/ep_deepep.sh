@@ -87,6 +87,10 @@ cat "$SUMMARY"
 for f in ep2_ext ep4_ext; do
   [ -f "$OUT/$f.log" ] && { echo "----- $f"; grep -E "^\[rank 0\] (PASS|FAIL)|^  " "$OUT/$f.log" | head -40; }
 done
+for f in ep2_suite ep4_suite; do  # a failed suite: its first errors
+  grep -qE "^$f +rc=0 " "$SUMMARY" || { [ -f "$OUT/$f.log" ] && { echo "----- $f (failed)";
+    grep -E "Error|error|assert|differ|timed out|Traceback" "$OUT/$f.log" | head -25; }; }
+done
 tables() {  # tables FILE PATTERN...: the Markdown tables whose titles match
   local f=$1; shift
   for pat in "$@"; do
