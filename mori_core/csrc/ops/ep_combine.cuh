@@ -127,7 +127,7 @@ __device__ __forceinline__ int PushStages(int n, int stage_tokens) {
   if (stage_tokens <= 0 || n <= stage_tokens) return 1;
   return min(kMaxPushStages, (n + stage_tokens - 1) / stage_tokens);
 }
-__device__ __forceinline__ int PushStageTokens(int n, int stages) { return (n + stages - 1) / stages; }
+__device__ __forceinline__ int PushStageTokens(int n, int stages) { return max(1, (n + stages - 1) / stages); }
 
 // Push mode, one item: vectors [part * vpp, ...) of received row i, whose source is (s, t), into
 // the source's staging slot [this rank][t] (summed from the 3-D layout for standard MoE,
