@@ -30,7 +30,7 @@ In the benchmark's own rank processes, on the same routing and tokens as our op,
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from mori_core.bench.ep.measure import bench_like_deepep
 
