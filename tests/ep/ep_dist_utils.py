@@ -12,11 +12,12 @@ and replay in a rank.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
 import torch
 import torch.multiprocessing as mp
@@ -243,6 +244,23 @@ def single_rank_config(**fields: Any) -> EpDispatchCombineConfig:
     )
     base.update(fields)
     return EpDispatchCombineConfig(**base)
+
+
+@contextlib.contextmanager
+def op_env(env: Optional[dict[str, str]]) -> Iterator[None]:
+    """``env`` set while an EP op is built (it reads MORI_EP_PUSH_STAGE_TOKENS,
+    MORI_EP_PUSH_REDUCE_BLOCKS and MORI_EP_COMBINE_ALGO once, then), restored afterwards."""
+    env = env or {}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def combine_input(op: Any, y: torch.Tensor, push: bool) -> torch.Tensor:

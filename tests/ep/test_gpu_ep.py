@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ from ep_dist_utils import (
     init_shmem_default,
     make_routing,
     need_ranks,
+    op_env,
     rank_device,
     replay_graph,
     run_ranks,
@@ -33,6 +34,11 @@ pytestmark = [pytest.mark.gpu]
 HIDDEN_BIG = 7168
 NUM_EXPERTS = 256
 TOPK = 8
+# Op settings read from the environment when an op is built (per case below).
+STAGE = "MORI_EP_PUSH_STAGE_TOKENS"  # staged push: tokens per chunk
+REDUCE = "MORI_EP_PUSH_REDUCE_BLOCKS"  # staged push: blocks that only reduce
+ALGO = "MORI_EP_COMBINE_ALGO"  # the combine kernel a call runs (push / pull)
+ROUNDS = int(os.environ.get("MORI_TEST_ROUNDS", "1000"))  # back-to-back rounds (tools/gpu sections lower it)
 
 
 _need = need_ranks
@@ -274,19 +280,21 @@ def _bad_input_on_the_hot_path(rank: int, world: int, dev: torch.device) -> None
 
 
 
-def _back_to_back(rank: int, world: int, dev: torch.device, rounds: int, push: bool) -> None:
+def _back_to_back(rank: int, world: int, dev: torch.device, rounds: int, push: bool, env: Optional[dict[str, str]] = None) -> None:
     """``rounds`` dispatch + combine rounds back to back, no host synchronisation, with a random
     token count per rank and round (0 included). Identity experts and a sign flip every round:
     round i's combine of this rank's first n_i tokens is exactly (-1)^i * x * (number of unique
     destination ranks), and its combined weights are each weight added once per destination rank,
     checked for every round through fp64 sums and in full for the last. The dispatch's own outputs
-    go straight back into combine (rows in push mode, weights in both), as a caller may do."""
+    go straight back into combine (rows in push mode, weights in both), as a caller may do.
+    ``env``: op settings (e.g. a staged push: ranks with different chunk counts every round)."""
     import torch.distributed as dist
 
     from mori_core.ops import EpDispatchCombineOp
 
     cfg = _config(rank, world, HIDDEN_BIG, 128, push=push, max_type=2)
-    op = EpDispatchCombineOp(cfg)
+    with op_env(env):
+        op = EpDispatchCombineOp(cfg)
     mine = _all_inputs(9, world, [128] * world, HIDDEN_BIG, torch.bfloat16, 0, dev)[rank]
     g = torch.Generator().manual_seed(4242 + rank)
     counts = torch.randint(0, 129, (rounds,), generator=g)
@@ -348,19 +356,28 @@ def _suite(rank: int, world: int) -> None:
     dev = rank_device(rank, world)
     fp8 = torch.float8_e4m3fn
     cases = [
-        # hidden, dtype, scale_dim, comb_dtype, push, weights_in_place
-        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True),
-        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, True),
-        (HIDDEN_BIG, fp8, 56, torch.bfloat16, False, False),
-        (HIDDEN_BIG, fp8, 56, torch.bfloat16, True, False),
-        (4096, torch.float32, 0, torch.float32, True, True),
-        (4096, torch.float32, 0, torch.float32, False, False),
-        (4096, torch.bfloat16, 32, torch.bfloat16, False, True),
+        # hidden, dtype, scale_dim, comb_dtype, push, weights_in_place, op settings
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True, {}),
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, True, {}),
+        (HIDDEN_BIG, fp8, 56, torch.bfloat16, False, False, {}),
+        (HIDDEN_BIG, fp8, 56, torch.bfloat16, True, False, {}),
+        (4096, torch.float32, 0, torch.float32, True, True, {}),
+        (4096, torch.float32, 0, torch.float32, False, False, {}),
+        (4096, torch.bfloat16, 32, torch.bfloat16, False, True, {}),
+        # staged push (chunks of 48 tokens: up to 4 per source; a rank with 0 tokens every round),
+        # weights in the dispatch outputs (own rows staged) or not, reducer blocks or none
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True, {STAGE: "48"}),
+        (4096, torch.float32, 0, torch.float32, True, False, {STAGE: "48", REDUCE: "0"}),
+        # the other kernel of each call: copy-pull for push calls, the push kernel (staged) for a pull call
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, False, {ALGO: "pull"}),
+        (4096, torch.float32, 0, torch.float32, True, True, {ALGO: "pull"}),
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, True, {ALGO: "push", STAGE: "64"}),
     ]
     max_tok = 192
-    for ci, (hidden, dtype, scale_dim, comb_dtype, push, in_place) in enumerate(cases):
+    for ci, (hidden, dtype, scale_dim, comb_dtype, push, in_place, env) in enumerate(cases):
         cfg = _config(rank, world, hidden, max_tok, scale_dim=scale_dim, push=push)
-        op = EpDispatchCombineOp(cfg)
+        with op_env(env):
+            op = EpDispatchCombineOp(cfg)
         ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
         for rnd in range(3):
             g = torch.Generator().manual_seed(1000 * ci + rnd)
@@ -385,7 +402,8 @@ def _suite(rank: int, world: int) -> None:
     op.close()
     dist.barrier()
 
-    _back_to_back(rank, world, dev, rounds=1000, push=False)
+    _back_to_back(rank, world, dev, rounds=ROUNDS, push=False)
+    _back_to_back(rank, world, dev, rounds=ROUNDS, push=True, env={STAGE: "32"})
 
     _bad_input_on_the_hot_path(rank, world, dev)
 
@@ -441,6 +459,7 @@ def _rounds_only(rank: int, world: int, rounds: int) -> None:
     dev = rank_device(rank, world)
     for push in (False, True):
         _back_to_back(rank, world, dev, rounds=rounds, push=push)
+    _back_to_back(rank, world, dev, rounds=rounds, push=True, env={STAGE: "32"})
     import mori_core.shmem as shmem
 
     shmem.shmem_finalize()
@@ -448,11 +467,11 @@ def _rounds_only(rank: int, world: int, rounds: int) -> None:
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_back_to_back_rounds(world: int) -> None:
-    """Only the back-to-back rounds, pull then push (MORI_TEST_ROUNDS, default 1000): the stress the
-    small-batch synchronisation changes of issue #19 were judged under (tools/gpu/ep.sh stress)."""
+    """Only the back-to-back rounds, pull, push, then a staged push (chunks of 32 tokens; MORI_TEST_ROUNDS,
+    default 1000): the stress the small-batch synchronisation changes of issue #19 were judged under
+    (tools/gpu/ep.sh stress)."""
     _need(world)
-    run_ranks(_rounds_only, world, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "2G"},
-              rounds=int(os.environ.get("MORI_TEST_ROUNDS", "1000")))
+    run_ranks(_rounds_only, world, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "2G"}, rounds=ROUNDS)
 
 
 def _timeout(rank: int, world: int) -> None:

@@ -33,6 +33,7 @@ from ep_dist_utils import (
     combine_input,
     init_shmem_default,
     need_ranks,
+    op_env,
     rank_device,
     replay_graph,
     run_ranks,
@@ -41,6 +42,9 @@ from ep_dist_utils import (
 pytestmark = [pytest.mark.gpu]
 
 WORLDS = [1, 2, 4, 8]
+ROUNDS = int(os.environ.get("MORI_TEST_ROUNDS", "100"))  # back-to-back standard-MoE rounds
+STAGE = "MORI_EP_PUSH_STAGE_TOKENS"  # staged push combine: tokens per chunk (read when an op is built)
+ALGO = "MORI_EP_COMBINE_ALGO"
 
 
 _need = need_ranks
@@ -66,14 +70,16 @@ def _inputs(seed, world, counts, hidden, num_experts, topk, dtype, scale_dim, du
 
 
 @contextlib.contextmanager
-def _op_and_reference(cfg: Any, dev: torch.device) -> Iterator[tuple[Any, Any]]:
-    """The GPU op and the reference op on ``cfg``; on leaving (a failed case too) the GPU op is
-    closed once the device is idle, in step with the other ranks (closing is collective)."""
+def _op_and_reference(cfg: Any, dev: torch.device, env: Optional[dict[str, str]] = None) -> Iterator[tuple[Any, Any]]:
+    """The GPU op (built with the op settings ``env``) and the reference op on ``cfg``; on leaving
+    (a failed case too) the GPU op is closed once the device is idle, in step with the other ranks
+    (closing is collective)."""
     import torch.distributed as dist
 
     from mori_core.ops import EpDispatchCombineOp, ReferenceEpDispatchCombineOp
 
-    op = EpDispatchCombineOp(cfg)
+    with op_env(env):
+        op = EpDispatchCombineOp(cfg)
     ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
     try:
         yield op, ref
@@ -141,15 +147,15 @@ def _check_layout(op, ref, got: tuple, want: tuple, scale_dim: int) -> list[str]
 
 
 def _std_case(rank, world, dev, seed, hidden, dtype, scale_dim, num_experts, topk, out_dtype, weighted, dup, quant,
-              launch, max_tok=96) -> list[str]:
-    """One standard-MoE round on the GPU op and the reference; returns the mismatches."""
+              launch, max_tok=96, env=None) -> list[str]:
+    """One standard-MoE round on the GPU op (op settings ``env``) and the reference; returns the mismatches."""
     import torch.distributed as dist
 
     errs: list[str] = []
     epr = num_experts // world
     cfg = _config(rank, world, hidden, max_tok, epr, topk, scale_dim, max_type=max(2, dtype.itemsize, out_dtype.itemsize),
                   quant=quant)
-    with _op_and_reference(cfg, dev) as (op, ref):
+    with _op_and_reference(cfg, dev, env) as (op, ref):
         for rnd in range(2):
             g = torch.Generator().manual_seed(seed * 7 + rnd)
             counts = torch.randint(0, max_tok + 1, (world,), generator=g).tolist()
@@ -205,14 +211,14 @@ def _std_case(rank, world, dev, seed, hidden, dtype, scale_dim, num_experts, top
     return errs
 
 
-def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128) -> list[str]:
-    """A plain dispatch + FP8 combine on the GPU op vs the reference; also reports the error vs bf16."""
+def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128, env=None) -> list[str]:
+    """A plain dispatch + FP8 combine on the GPU op (op settings ``env``) vs the reference."""
     import torch.distributed as dist
 
     errs: list[str] = []
     epr, topk = 256 // world, 8
     cfg = _config(rank, world, hidden, max_tok, epr, topk, quant=quant, push=push)
-    with _op_and_reference(cfg, dev) as (op, ref):
+    with _op_and_reference(cfg, dev, env) as (op, ref):
         for rnd in range(2):
             counts = [max_tok - 17 * r - 5 * rnd for r in range(world)]
             data = _inputs(seed + rnd, world, counts, hidden, epr * world, topk, torch.bfloat16, 0, False, dev)
@@ -267,10 +273,10 @@ def _graph_case(rank, world, dev) -> list[str]:
             if e:
                 errs.append(e)
         del graph
-        # Back to back, no host sync: 100 standard-MoE rounds; identity experts, sign flips each round.
+        # Back to back, no host sync: ROUNDS standard-MoE rounds; identity experts, sign flips each round.
         x = static["x"].clone()
-        sums = torch.zeros(100, dtype=torch.float64, device=dev)
-        for i in range(100):
+        sums = torch.zeros(ROUNDS, dtype=torch.float64, device=dev)
+        for i in range(ROUNDS):
             px, cnt, _, _ = op.dispatch_standard_moe(x, static["w"], None, static["idx"])
             comb, _ = op.combine_standard_moe(px, None, static["idx"])
             sums[i] = comb[:n].to(torch.float64).sum()
@@ -279,7 +285,7 @@ def _graph_case(rank, world, dev) -> list[str]:
         op.check_error()
         sums = sums.cpu()
         if not (torch.all(sums[0::2] == sums[0]) and torch.all(sums[1::2] == -sums[0]) and sums[0] != 0):
-            errs.append(f"100 back-to-back rounds: sums differ between rounds: {sums[:4].tolist()} ...")
+            errs.append(f"{ROUNDS} back-to-back rounds: sums differ between rounds: {sums[:4].tolist()} ...")
         # A plain dispatch invalidates the layout: combine_standard_moe must report it, not read stale rows.
         from mori_core.ops import EpOpError
 
@@ -318,6 +324,15 @@ def _suite(rank: int, world: int, out_path: str) -> None:
         ("fp8_blockwise pull", lambda: _fp8_case(rank, world, dev, 11, "fp8_blockwise", False)),
         ("fp8_direct_cast push", lambda: _fp8_case(rank, world, dev, 12, "fp8_direct_cast", True)),
         ("fp8_direct_cast pull h4096", lambda: _fp8_case(rank, world, dev, 13, "fp8_direct_cast", False, hidden=4096)),
+        # staged push (chunks of 32 of the 128 tokens), and the pull kernel (quantise, then read) of a pull call
+        ("fp8_blockwise push staged", lambda: _fp8_case(rank, world, dev, 14, "fp8_blockwise", True, env={STAGE: "32"})),
+        ("fp8_direct_cast pull staged", lambda: _fp8_case(rank, world, dev, 15, "fp8_direct_cast", False,
+                                                            env={STAGE: "32"})),
+        ("fp8_blockwise pull kernel", lambda: _fp8_case(rank, world, dev, 16, "fp8_blockwise", False,
+                                                          env={ALGO: "pull"})),
+        ("std bf16 staged combine", lambda: _std_case(
+            rank, world, dev, 7, 7168, torch.bfloat16, 0, 256, 8, torch.bfloat16, True, False, "none", (-1, -1),
+            env={STAGE: "24"})),
         ("std graph + 100 rounds + stale layout", lambda: _graph_case(rank, world, dev)),
     ]
     results = {}
@@ -386,7 +401,7 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
     for e in ev:
         by.setdefault(e["name"], []).append(e)
     need = ["dispatch_route", "dispatch_copy", "dispatch_signal", "combine_stage", "combine_barrier", "combine_reduce",
-            "std_plan", "std_wait"]
+            "std_plan", "std_expand"]
     missing = [p for p in need if p not in by]
     assert not missing, f"rank {rank}: phases missing from the trace: {missing}; present: {sorted(by)}"
     # Calls in stream order: plain dispatch (dispatch round d), plain combine (combine round c),
@@ -403,7 +418,7 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
         ("dispatch", span(["dispatch_route", "dispatch_copy", "dispatch_signal"], d)),
         ("combine", span(["combine_stage", "combine_barrier", "combine_reduce"], c)),
         ("std plan", span(["std_plan"], d + 1)),
-        ("std dispatch", span(["std_wait", "dispatch_route", "dispatch_copy", "dispatch_signal"], d + 1)),
+        ("std dispatch", span(["dispatch_route", "dispatch_copy", "dispatch_signal", "std_expand"], d + 1)),
         ("std combine", span(["combine_stage", "combine_barrier", "combine_reduce"], c + 1)),
     ]
     for (na, (_, end_a)), (nb, (begin_b, _)) in zip(calls, calls[1:]):

@@ -6,7 +6,7 @@
 # Test stages run at every EP size in EP_WORLDS (default "1 2 4 8"). Ranks are placed by
 # MORI_RANKS_PER_GPU (default auto): one per GPU where there are enough GPUs, otherwise several
 # ranks share a GPU (python/mori_core/placement.py), so EP2/EP4/EP8 run on one GPU too.
-#   tests    tests/ep/test_gpu_ep_extensions.py: 11 cases (standard MoE fused and converted vs the
+#   tests    tests/ep/test_gpu_ep_extensions.py: 15 cases (standard MoE fused and converted vs the
 #            reference, FP8 combine push/pull, CUDA graph, 100 rounds, stale layout) + no-profiler check
 #   regress  the IntraNode GPU suite at EP1 (the EP2/4/8 runs are tools/gpu/ep.sh's)
 #   bench    python -m mori_core.bench ep --fp8-combine --std-moe (FP8 vs BF16 combine, standard-MoE rows)

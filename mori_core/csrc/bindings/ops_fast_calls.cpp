@@ -77,7 +77,7 @@ PyObject* LaunchDispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 // ep_launch_combine(handle, input, dtype, hidden, input_rows, weights, weight_rows,
-//                   indices, num_tokens, push, blocks, warps, stream)
+//                   indices, num_tokens, mode (0 pull, 1 push, 2 copy-pull), blocks, warps, stream)
 PyObject* LaunchCombine(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long long v[13];
   if (!ReadInts("ep_launch_combine", args, nargs, 13, v)) return nullptr;
@@ -85,7 +85,7 @@ PyObject* LaunchCombine(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!h) return nullptr;
   try {
     h->Combine(v[1], static_cast<int>(v[2]), static_cast<int>(v[3]), static_cast<int>(v[4]), v[5],
-               static_cast<int>(v[6]), v[7], static_cast<int>(v[8]), v[9] != 0, static_cast<int>(v[10]),
+               static_cast<int>(v[6]), v[7], static_cast<int>(v[8]), static_cast<int>(v[9]), static_cast<int>(v[10]),
                static_cast<int>(v[11]), v[12]);
   } catch (...) {
     SetErrorFromCurrentException();
@@ -101,7 +101,8 @@ PyMethodDef kLaunchDispatchDef = {
 PyMethodDef kLaunchCombineDef = {
     "ep_launch_combine", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&LaunchCombine)), METH_FASTCALL,
     "ep_launch_combine(handle_address, input, dtype, hidden_dim, input_rows, weights, weight_rows, "
-    "indices, num_tokens, push, block_num, warp_per_block, stream): launch one combine."};
+    "indices, num_tokens, mode, block_num, warp_per_block, stream): launch one combine (mode 0 pull, 1 push, "
+    "2 copy into the registered buffer, then pull)."};
 
 }  // namespace
 

@@ -1,13 +1,22 @@
 // IntraNode combine: return expert outputs to the ranks their tokens came from
 // and sum them per original token in fp32.
 //
-// Push (use_external_inp_buf=1): every received row i is written into its
-//   source rank's staging slot [this rank][source token]; one barrier; then each
-//   rank reduces its own tokens from local staging (its own rows are read in
-//   place from `input`).
-// Pull (use_external_inp_buf=0, zero-copy): the expert outputs already sit in
-//   this rank's registered buffer; one barrier; each rank reads the rows of its
-//   tokens straight from the destination ranks' registered buffers over NVLink.
+// Push (kCombinePush): every received row i is written into its source rank's
+//   staging slot [this rank][source token]; then each rank reduces its own tokens
+//   from local staging (its own rows are read in place from `input`). Each warp
+//   pushes a contiguous run of received rows (WarpRun), so at every moment a rank
+//   writes to all its sources, not to the one whose rows happen to come first.
+//   Small batches: push everything, one barrier, reduce. Staged (a source has more
+//   than `stage_tokens` tokens): each source's tokens are cut into chunks, every
+//   rank pushes its rows chunk by chunk and signals each chunk to every rank; some
+//   blocks only reduce, chunk k as soon as every rank signalled it, while chunk k+1
+//   is still crossing the links (push and reduce overlap, as DeepEP's sender and
+//   receiver blocks do).
+// Pull (kCombinePull, zero-copy): the expert outputs already sit in this rank's
+//   registered buffer; one barrier; each rank reads the rows of its tokens straight
+//   from the destination ranks' registered buffers over NVLink.
+// Copy-pull (kCombineCopyPull): the caller's rows are first copied into the
+//   registered buffer (a local copy), then as pull.
 // FP8 transport (quant_type, bf16 rows only; ep_quant.cuh): every row the combine
 //   moves is e4m3 (+ block scales), a rank's own rows included (as MORI, whose
 //   own rows also pass through the staging buffers): push quantises while pushing
@@ -17,7 +26,7 @@
 //   [local expert][row][hidden] layout; phase 0 sums each received token's
 //   expert rows weighted by its gating weights (fp32, rounded to the row dtype)
 //   while pushing it, own tokens included (into local staging).
-// The barrier is "last block signals round to every peer, every block waits
+// The barriers are "last block signals round to every peer, every block waits
 // for every peer's round", so the grid must be co-resident (the launcher clamps
 // it). No trailing barrier is needed: a peer may only overwrite what we read
 // after its next dispatch completes, which needs our next dispatch signal.
@@ -111,14 +120,354 @@ __device__ __forceinline__ void SumSources(float (&acc)[kU][VecTraits<Tag>::kEle
     if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, VT::Pack(acc[u]));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Staged push: a source's n tokens are cut into PushStages(n) chunks of equal size (the same
+// rule on the pushing and the reducing side, both knowing n from the dispatch).
+__device__ __forceinline__ int PushStages(int n, int stage_tokens) {
+  if (stage_tokens <= 0 || n <= stage_tokens) return 1;
+  return min(kMaxPushStages, (n + stage_tokens - 1) / stage_tokens);
+}
+__device__ __forceinline__ int PushStageTokens(int n, int stages) { return max(1, (n + stages - 1) / stages); }
+
+// Push mode, one item: vectors [part * vpp, ...) of received row i, whose source is (s, t), into
+// the source's staging slot [this rank][t] (summed from the 3-D layout for standard MoE,
+// FP8-quantised for quant_type), and its gating weights.
+template <typename Tag, int kQuant, bool kStd>
+__device__ __forceinline__ void PushItem(const EpKernelArgs& a, const CombineParams& p, int i, int part, int vpp,
+                                         int vecs, int s, int t, bool weighted, bool use_w, int lane) {
+  const EpGeometry& g = a.geo;
+  const size_t stage_row = static_cast<size_t>(g.rank) * g.max_tok + t;
+  uint8_t* dst_row = Peer(a, a.buf.stage, s) + stage_row * p.row_bytes;
+  const int v0b = part * vpp, v1 = min(vecs, v0b + vpp);
+  if constexpr (kStd) {
+    StdReduceRow<Tag, kQuant>(a, p.input, p.row_bytes, i, weighted, dst_row, kQuant != kQuantNone, v0b, v1, lane);
+  } else {
+    const int4* src = reinterpret_cast<const int4*>(p.input + static_cast<size_t>(i) * p.row_bytes);
+    if constexpr (kQuant != kQuantNone) {
+      QuantizeRow<kQuant>(src, dst_row, p.row_bytes, v0b, v1, lane);
+    } else {
+      int4* dst = reinterpret_cast<int4*>(dst_row);
+      for (int v = v0b + lane; v < v1; v += kWarpSize * kCopyUnroll) {
+        int4 x[kCopyUnroll];
+#pragma unroll
+        for (int u = 0; u < kCopyUnroll; ++u)
+          if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
+#pragma unroll
+        for (int u = 0; u < kCopyUnroll; ++u)
+          if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, x[u]);
+      }
+    }
+  }
+  if (part == 0 && use_w && lane < g.topk)
+    Peer(a, a.buf.stage_weights, s)[stage_row * g.topk + lane] = p.weights[static_cast<size_t>(i) * g.topk + lane];
+}
+
+// Reduce, one item: vectors [part * vpp, ...) of out[t] = sum over t's destination ranks of their
+// row for t (fp32, ascending rank order, rounded once), and (part 0) the summed weights. Push
+// reads local staging (its own rows in place from `input` unless staged); pull reads the
+// destinations' registered buffers (FP8: their staging), its own rows from `input` when the
+// copy-pull mode left them there (own_in_input).
+template <typename Tag, int kWorld, bool kPush, int kQuant>
+__device__ __forceinline__ void ReduceItem(const EpKernelArgs& a, const CombineParams& p, int t, int part, int vpp,
+                                           int vecs, bool staged, bool own_in_input, bool use_w, int lane) {
+  using VT = VecTraits<Tag>;
+  constexpr int kE = VT::kElems;
+  constexpr int kU = CombineShape<Tag, kWorld>::kUnroll;
+  const EpGeometry& g = a.geo;
+  const int world = g.world;
+  uint32_t bit = 0;
+  if (lane < g.topk) {
+    const int e = p.indices[static_cast<size_t>(t) * g.topk + lane];
+    if (e >= 0 && e < g.num_experts) bit = 1u << (e / g.experts_per_rank);
+  }
+  const uint32_t routed = WarpOr(bit);
+  const uint32_t sent = a.buf.token_mask[t];
+  if (routed != sent && part == 0 && lane == 0)
+    ReportError(a, kErrRoutingMismatch, kPhaseCombine, -1, t, (static_cast<int64_t>(routed) << 32) | sent);
+  const int4* src[kWorld];
+  bool on[kWorld];
+#pragma unroll
+  for (int r = 0; r < kWorld; ++r) {
+    const int slot_r = (r < world && ((sent >> r) & 1u)) ? a.buf.dest_slot[static_cast<size_t>(t) * world + r] : -1;
+    on[r] = slot_r >= 0;
+    const size_t slot = static_cast<size_t>(max(slot_r, 0));
+    const uint8_t* row;
+    if (kPush) {
+      if (r == g.rank && !staged)
+        row = p.input + slot * p.row_bytes;
+      else
+        row = a.buf.stage + (static_cast<size_t>(r) * g.max_tok + t) * p.row_bytes;
+    } else if (r == g.rank && own_in_input) {
+      row = p.input + slot * p.row_bytes;
+    } else {
+      row = Peer(a, kQuant != kQuantNone ? a.buf.stage : a.buf.combine_inp, r) + slot * p.row_bytes;
+    }
+    src[r] = reinterpret_cast<const int4*>(row);
+  }
+  int4* dst = reinterpret_cast<int4*>(a.buf.combine_out + static_cast<size_t>(t) * p.row_bytes);
+  const int v1 = min(vecs, (part + 1) * vpp);
+  if constexpr (kQuant == kQuantNone) {
+    for (int v = part * vpp + lane; v < v1; v += kWarpSize * kU) {
+      int4 x[kWorld][kU];
+#pragma unroll
+      for (int r = 0; r < kWorld; ++r) {
+        if (!on[r]) continue;
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+          if (v + u * kWarpSize < v1) x[r][u] = LoadPeer(src[r] + v + u * kWarpSize);
+      }
+      float acc[kU][kE];
+      SumSources<Tag, kWorld, kU>(acc, dst, on, v, v1, [&](float (&a)[kE], int r, int u) { VT::Accumulate(a, x[r][u]); });
+    }
+  } else {
+    // Every source's row in e4m3 (+ block scales); summed in rank order.
+    constexpr int kQU = CombineShape<Tag, kWorld>::kFp8Unroll;
+    for (int v = part * vpp + lane; v < v1; v += kWarpSize * kQU) {
+      uint2 q[kWorld][kQU];
+      float sc[kWorld][kQU];
+#pragma unroll
+      for (int r = 0; r < kWorld; ++r) {
+        if (!on[r]) continue;
+        const float* scales = Fp8RowScales(reinterpret_cast<const uint8_t*>(src[r]), p.row_bytes);
+#pragma unroll
+        for (int u = 0; u < kQU; ++u) {
+          const int vv = v + u * kWarpSize;
+          if (vv < v1) {
+            q[r][u] = LoadPeer8(reinterpret_cast<const uint2*>(src[r]) + vv);
+            sc[r][u] = kQuant == kQuantFp8Block ? LoadPeerF(scales + vv / kFp8BlockVecs) : 1.f;
+          }
+        }
+      }
+      float acc[kQU][kE];
+      SumSources<Tag, kWorld, kQU>(acc, dst, on, v, v1, [&](float (&a)[kE], int r, int u) {
+        Fp8Accumulate<kQuant>(a, q[r][u].x, q[r][u].y, sc[r][u]);
+      });
+    }
+  }
+  if (part == 0 && use_w && lane < g.topk) {
+    float w = 0.f;
+#pragma unroll
+    for (int r = 0; r < kWorld; ++r) {
+      if (!on[r]) continue;
+      const size_t slot = static_cast<size_t>(a.buf.dest_slot[static_cast<size_t>(t) * world + r]);
+      if (kPush)
+        w += r == g.rank && !staged ? p.weights[slot * g.topk + lane]
+                                    : a.buf.stage_weights[(static_cast<size_t>(r) * g.max_tok + t) * g.topk + lane];
+      else
+        w += Peer(a, a.buf.combine_inp_weights, r)[slot * g.topk + lane];
+    }
+    a.buf.combine_out_weights[static_cast<size_t>(t) * g.topk + lane] = w;
+  }
+}
+
+// The items of one warp when `items` are cut into contiguous runs, one per warp (of `warps`).
+// Used for pushing: warps then work on rows spread over the whole receive order at every moment,
+// so every rank writes to all of its sources at once. Rows of one source arrive in runs (and a
+// rank that starts its dispatch first owns the first slots everywhere); a grid-strided loop
+// would have every warp of every rank write to the same source at the same time (incast), with
+// that source's links saturated and the others idle.
+struct WarpRun {
+  int begin, end;
+  __device__ WarpRun(int items, int warp, int warps) {
+    const int q = (items + warps - 1) / max(warps, 1);
+    begin = min(items, warp * q);
+    end = min(items, begin + q);
+  }
+};
+
+// The push combine. Pushers (blocks [0, P)) push their run of received rows chunk by chunk
+// (one chunk unless staged, see the file comment) and, per chunk, the last pusher block to finish
+// signals it to every rank. Every block then reduces this rank's tokens chunk by chunk, each
+// chunk as soon as every rank has signalled it; with stages > 1 the last R blocks only reduce
+// (from the start, while the pushers push), the pushers join them when they are done, and a
+// chunk's tokens come from a work queue shared by all blocks.
+template <typename Tag, int kWorld, int kQuant, bool kStd>
+__device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const CombineParams& p, uint32_t round, int stages,
+                                            const int32_t* ntok, int total, bool rows_ok, bool staged, bool use_w,
+                                            int* s_flag) {
+  const EpGeometry& g = a.geo;
+  EpSyncState* st = a.buf.sync;
+  const int lane = LaneId(), nwarps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int G = gridDim.x, vecs = p.row_bytes / 16;
+  const int R = stages > 1 ? min(max(p.reduce_blocks, 0), G - 1) : 0;
+  const int P = G - R;
+  constexpr int kAlign = kQuant == kQuantFp8Block ? kFp8BlockVecs : 1;
+  if (static_cast<int>(blockIdx.x) < P) {
+    MORI_PROF_BEGIN(a, kProfCombineStage, round);
+    const bool weighted = kStd && st->dispatch_weighted != 0;
+    const RowSplit sp(total, P * nwarps, vecs, kAlign);
+    const WarpRun run(sp.items, blockIdx.x * nwarps + warp, P * nwarps);
+    for (int k = 0; k < stages; ++k) {
+      for (int item = run.begin; item < run.end; ++item) {
+        const int i = item / sp.parts, part = item % sp.parts;
+        const int pos = a.buf.src_pos[i];
+        const int s = pos / g.max_send, t = pos - s * g.max_send;
+        if (!staged && s == g.rank) continue;  // own rows are read in place by the reduce
+        if (stages > 1) {
+          const int ks = PushStages(ntok[s], p.stage_tokens);
+          if (min(ks - 1, t / PushStageTokens(ntok[s], ks)) != k) continue;
+        }
+        PushItem<Tag, kQuant, kStd>(a, p, i, part, sp.vpp, vecs, s, t, weighted, use_w, lane);
+      }
+      // Chunk k pushed by this block; the last pusher block to get here signals it to every rank
+      // (no fence before the release stores: the arrival's fence, see ArriveLast).
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        FenceSys();
+        const uint32_t prev = atomicAdd(&st->stage_arrive[k], 1u);
+        const bool last = prev == static_cast<uint32_t>(P - 1);
+        if (last) {
+          st->stage_arrive[k] = 0;
+          FenceSys();
+        }
+        *s_flag = last ? 1 : 0;
+      }
+      __syncthreads();
+      if (*s_flag != 0 && static_cast<int>(threadIdx.x) < g.world)
+        StoreReleaseSys(Peer(a, a.buf.push_flags + k * kMaxWorld + g.rank, threadIdx.x), round);
+    }
+    MORI_PROF_END(a, kProfCombineStage, round);
+  }
+  // Reduce, chunk by chunk. This rank's own rows need no wait unless they were staged (its own
+  // pushers wrote them into local staging).
+  const int n = p.num_tokens;
+  const int kr = PushStages(n, p.stage_tokens), per = PushStageTokens(n, kr);
+  const int total_warps = G * nwarps, gwarp = blockIdx.x * nwarps + warp;
+  const bool wait_peer = static_cast<int>(threadIdx.x) < g.world && (staged || static_cast<int>(threadIdx.x) != g.rank);
+  for (int k = 0; k < kr; ++k) {
+    const int lo = k * per, cnt = min(n, lo + per) - lo;
+    MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
+    bool ok = true;
+    if (wait_peer) ok = WaitRound(a, a.buf.push_flags + k * kMaxWorld + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+    MORI_PROF_END(a, kProfCombineBarrier, round);
+    if (!__syncthreads_and(ok) || !rows_ok) return;
+    if (cnt <= 0) continue;
+    MORI_PROF_BEGIN(a, kProfCombineReduce, round);
+    const RowSplit sp(cnt, total_warps, vecs);
+    // One chunk and every block here at once: each warp starts with its own item and only the
+    // items beyond one per warp come from the queue (no atomics at small batches). Otherwise
+    // blocks arrive at different times: everything from the queue.
+    int32_t* queue = &st->stage_items[round & 1][k];
+    const bool static_first = kr == 1 && R == 0;
+    const int base = static_first ? total_warps : 0;
+    int item = 0;
+    if (static_first) {
+      item = gwarp;
+    } else {
+      if (lane == 0) item = atomicAdd(queue, 1);
+      item = ShflIdx(item, 0);
+    }
+    const bool use_queue = !static_first || sp.items > total_warps;
+    while (item < sp.items) {
+      int next = sp.items;
+      if (use_queue && lane == 0) next = base + atomicAdd(queue, 1);
+      ReduceItem<Tag, kWorld, true, kQuant>(a, p, lo + item % cnt, item / cnt, sp.vpp, vecs, staged, false, use_w,
+                                            lane);
+      item = use_queue ? ShflIdx(next, 0) : sp.items;
+    }
+    MORI_PROF_END(a, kProfCombineReduce, round);
+  }
+  // Every block has read the round; the last one to finish advances it (for the next launch: no
+  // fence, the kernel boundary orders it).
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(&st->combine_arrive, 1u) == gridDim.x - 1) {
+    st->combine_arrive = 0;
+    st->combine_epoch = round;
+  }
+}
+
+// The pull combine (and copy-pull): phase 0 stages this rank's weights (and copies or quantises
+// its rows) for the peers, one barrier, then each token's rows are read from its destinations.
+template <typename Tag, int kWorld, int kQuant>
+__device__ __forceinline__ void PullCombine(const EpKernelArgs& a, const CombineParams& p, uint32_t round, int total,
+                                            bool rows_ok, bool use_w, int* s_flag) {
+  constexpr int kAlign = kQuant == kQuantFp8Block ? kFp8BlockVecs : 1;
+  const EpGeometry& g = a.geo;
+  EpSyncState* st = a.buf.sync;
+  const int world = g.world, vecs = p.row_bytes / 16, lane = LaneId();
+  const int nwarps = blockDim.x / kWarpSize;
+  const int gwarp = blockIdx.x * nwarps + threadIdx.x / kWarpSize, total_warps = gridDim.x * nwarps;
+  MORI_PROF_BEGIN(a, kProfCombineStage, round);
+  {
+    // Peers read these in phase 1. Not the dispatch's own weights in place: a third rank's next
+    // dispatch may overwrite those while this combine's readers are still reducing.
+    if (use_w) {
+      const int n = total * g.topk;
+      for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        a.buf.combine_inp_weights[i] = p.weights[i];
+    }
+    const uint8_t* rows_in = p.copy_input ? p.input : a.buf.combine_inp;
+    if constexpr (kQuant != kQuantNone) {
+      // Quantise this rank's rows (every rank, this one included, reads them).
+      const RowSplit sp(total, total_warps, vecs, kAlign);
+      for (int item = gwarp; item < sp.items; item += total_warps) {
+        const int i = item % total, part = item / total;
+        const int v0b = part * sp.vpp, v1 = min(vecs, v0b + sp.vpp);
+        QuantizeRow<kQuant>(reinterpret_cast<const int4*>(rows_in + static_cast<size_t>(i) * p.row_bytes),
+                            a.buf.stage + static_cast<size_t>(i) * p.row_bytes, p.row_bytes, v0b, v1, lane);
+      }
+    } else if (p.copy_input) {
+      // Copy-pull: the caller's rows into the registered buffer the peers read (a local copy);
+      // this rank's own rows stay where they are unless they must be staged (p.stage_own).
+      const RowSplit sp(total, total_warps, vecs);
+      for (int item = gwarp; item < sp.items; item += total_warps) {
+        const int i = item % total, part = item / total;
+        if (!p.stage_own && a.buf.src_pos[i] / g.max_send == g.rank) continue;
+        const int4* src = reinterpret_cast<const int4*>(p.input + static_cast<size_t>(i) * p.row_bytes);
+        int4* dst = reinterpret_cast<int4*>(a.buf.combine_inp + static_cast<size_t>(i) * p.row_bytes);
+        const int v1 = min(vecs, (part + 1) * sp.vpp);
+        for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kCopyUnroll) {
+          int4 x[kCopyUnroll];
+#pragma unroll
+          for (int u = 0; u < kCopyUnroll; ++u)
+            if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
+#pragma unroll
+          for (int u = 0; u < kCopyUnroll; ++u)
+            if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, x[u]);
+        }
+      }
+    }
+  }
+  MORI_PROF_END(a, kProfCombineStage, round);
+  MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
+
+  // Barrier with every peer. The own flag also orders this rank's phase 0 before its phase 1
+  // in every block. No fence before the release stores (see the dispatch).
+  const bool flag_peer = static_cast<int>(threadIdx.x) < world;
+  if (ArriveLast(&st->combine_arrive, s_flag)) {
+    if (flag_peer) StoreReleaseSys(Peer(a, a.buf.combine_flags + g.rank, threadIdx.x), round);
+    if (threadIdx.x == 0) st->combine_epoch = round;
+  }
+  bool ok = true;
+  if (flag_peer) ok = WaitRound(a, a.buf.combine_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+  MORI_PROF_END(a, kProfCombineBarrier, round);
+  if (!__syncthreads_and(ok) || !rows_ok) return;
+  MORI_PROF_BEGIN(a, kProfCombineReduce, round);
+
+  // Phase 1: out[t] = sum over t's destination ranks of their row for t (fp32).
+  const int n = p.num_tokens;
+  const RowSplit sp(n, total_warps, vecs);
+  const bool own_in_input = p.copy_input && !p.stage_own && kQuant == kQuantNone;
+  // Every warp starts with its own item; when there are more items than warps
+  // the rest come from a grid-wide queue (tokens have 1..world sources, so a
+  // static split finishes unevenly). The next item is fetched while the
+  // current one is processed. Few items: no queue, so no atomic contention.
+  int32_t* queue = &st->combine_items[round & 1];
+  const bool use_queue = sp.items > total_warps;
+  int item = gwarp;
+  while (item < sp.items) {
+    int next = sp.items;
+    if (use_queue && lane == 0) next = total_warps + atomicAdd(queue, 1);
+    ReduceItem<Tag, kWorld, false, kQuant>(a, p, item % n, item / n, sp.vpp, vecs, false, own_in_input, use_w, lane);
+    item = use_queue ? ShflIdx(next, 0) : sp.items;
+  }
+  MORI_PROF_END(a, kProfCombineReduce, round);
+}
+
 template <typename Tag, int kWorld, bool kPush, int kQuant, bool kStd>
 __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs a, CombineParams p) {
   static_assert(!kStd || kPush, "the standard-MoE combine pushes");
   static_assert(kQuant == kQuantNone || std::is_same<Tag, Bf16Tag>::value, "FP8 combine carries bf16 rows");
-  using VT = VecTraits<Tag>;
-  constexpr int kE = VT::kElems;
-  constexpr int kU = CombineShape<Tag, kWorld>::kUnroll;
-  constexpr int kAlign = kQuant == kQuantFp8Block ? kFp8BlockVecs : 1;
   // Own rows go through local staging too (push): summed from 3-D rows (standard MoE) or quantised,
   // or copied when they (or their weights) lie in this rank's dispatch outputs (p.stage_own).
   constexpr bool kStaged = kStd || kQuant != kQuantNone;
@@ -128,12 +477,11 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   if (OpFailed(a)) return;
   const bool staged = kStaged || p.stage_own;
   const uint32_t round = st->combine_epoch + 1;
-  MORI_PROF_BEGIN(a, kProfCombineStage, round);
-  // The previous launch used the other queue and has completed: clear it for the next one.
-  if (blockIdx.x == 0 && threadIdx.x == 0) st->combine_items[(round + 1) & 1] = 0;
-  const int world = g.world, vecs = p.row_bytes / 16, lane = LaneId();
-  const int nwarps = blockDim.x / kWarpSize;
-  const int gwarp = blockIdx.x * nwarps + threadIdx.x / kWarpSize, total_warps = gridDim.x * nwarps;
+  // The previous launch used the other queues and has completed: clear them for the next one.
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) st->combine_items[(round + 1) & 1] = 0;
+    if (threadIdx.x < kMaxPushStages) st->stage_items[(round + 1) & 1][threadIdx.x] = 0;
+  }
   int total = st->total_recv;
   bool use_w = !kStd && p.weights != nullptr;
   bool rows_ok = !p.check_input_rows || total <= p.input_rows;
@@ -151,180 +499,16 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
     if (blockIdx.x == 0 && threadIdx.x == 0) ReportError(a, kErrCombineWeightRows, kPhaseCombine, -1, total, p.weight_rows);
     use_w = false;
   }
-
-  // Phase 0: push rows to their sources (push) / stage weights and FP8 rows for peers (pull).
-  if (kPush) {
-    const RowSplit sp(total, total_warps, vecs, kAlign);
-    const bool weighted = kStd && st->dispatch_weighted != 0;
-    for (int item = gwarp; item < sp.items; item += total_warps) {
-      const int i = item % total, part = item / total;
-      const int pos = a.buf.src_pos[i];
-      const int s = pos / g.max_send, t = pos - s * g.max_send;
-      if (!staged && s == g.rank) continue;  // own rows are read in place by the reduce
-      const size_t stage_row = static_cast<size_t>(g.rank) * g.max_tok + t;
-      uint8_t* dst_row = Peer(a, a.buf.stage, s) + stage_row * p.row_bytes;
-      const int v0b = part * sp.vpp, v1 = min(vecs, v0b + sp.vpp);
-      const bool quantise = kQuant != kQuantNone;
-      if constexpr (kStd) {
-        StdReduceRow<Tag, kQuant>(a, p.input, p.row_bytes, i, weighted, dst_row, quantise, v0b, v1, lane);
-      } else {
-        const int4* src = reinterpret_cast<const int4*>(p.input + static_cast<size_t>(i) * p.row_bytes);
-        if constexpr (kQuant != kQuantNone) {
-          QuantizeRow<kQuant>(src, dst_row, p.row_bytes, v0b, v1, lane);
-        } else {
-          int4* dst = reinterpret_cast<int4*>(dst_row);
-          for (int v = v0b + lane; v < v1; v += kWarpSize * kCopyUnroll) {
-            int4 x[kCopyUnroll];
-#pragma unroll
-            for (int u = 0; u < kCopyUnroll; ++u)
-              if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
-#pragma unroll
-            for (int u = 0; u < kCopyUnroll; ++u)
-              if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, x[u]);
-          }
-        }
-      }
-      if (part == 0 && use_w && lane < g.topk)
-        Peer(a, a.buf.stage_weights, s)[stage_row * g.topk + lane] = p.weights[static_cast<size_t>(i) * g.topk + lane];
-    }
+  if constexpr (kPush) {
+    // Staged when some source has more tokens than one chunk; every rank decides alike (each has
+    // every source's token count from the dispatch).
+    const int32_t* ntok = a.buf.peer_tokens + (st->dispatch_epoch & 1) * kMaxWorld;
+    int stages = 1;
+    for (int s = 0; s < g.world; ++s) stages = max(stages, PushStages(ntok[s], p.stage_tokens));
+    PushCombine<Tag, kWorld, kQuant, kStd>(a, p, round, stages, ntok, total, rows_ok, staged, use_w, &s_flag);
   } else {
-    // Peers read these in phase 1. Not the dispatch's own weights in place: a third rank's next
-    // dispatch may overwrite those while this combine's readers are still reducing.
-    if (use_w) {
-      const int n = total * g.topk;
-      for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-        a.buf.combine_inp_weights[i] = p.weights[i];
-    }
-    if constexpr (kQuant != kQuantNone) {
-      // Quantise this rank's registered rows (every rank, this one included, reads them).
-      const RowSplit sp(total, total_warps, vecs, kAlign);
-      for (int item = gwarp; item < sp.items; item += total_warps) {
-        const int i = item % total, part = item / total;
-        const int v0b = part * sp.vpp, v1 = min(vecs, v0b + sp.vpp);
-        QuantizeRow<kQuant>(reinterpret_cast<const int4*>(a.buf.combine_inp + static_cast<size_t>(i) * p.row_bytes),
-                            a.buf.stage + static_cast<size_t>(i) * p.row_bytes, p.row_bytes, v0b, v1, lane);
-      }
-    }
+    PullCombine<Tag, kWorld, kQuant>(a, p, round, total, rows_ok, use_w, &s_flag);
   }
-  MORI_PROF_END(a, kProfCombineStage, round);
-  MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
-
-  // Barrier with every peer. The own flag also orders this rank's phase 0 before its phase 1
-  // in every block; only a plain push reads nothing this rank's other blocks wrote in phase 0,
-  // so only there is it skipped. No fence before the release stores (see the dispatch).
-  const bool own_unneeded = kPush && !staged;
-  const bool flag_peer =
-      static_cast<int>(threadIdx.x) < world && !(own_unneeded && static_cast<int>(threadIdx.x) == g.rank);
-  if (ArriveLast(&st->combine_arrive, &s_flag)) {
-    if (flag_peer) StoreReleaseSys(Peer(a, a.buf.combine_flags + g.rank, threadIdx.x), round);
-    if (threadIdx.x == 0) st->combine_epoch = round;
-  }
-  bool ok = true;
-  if (flag_peer) ok = WaitRound(a, a.buf.combine_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x);
-  MORI_PROF_END(a, kProfCombineBarrier, round);
-  if (!__syncthreads_and(ok) || !rows_ok) return;
-  MORI_PROF_BEGIN(a, kProfCombineReduce, round);
-
-  // Phase 1: out[t] = sum over t's destination ranks of their row for t (fp32).
-  const int n = p.num_tokens;
-  const RowSplit sp(n, total_warps, vecs);
-  // Every warp starts with its own item; when there are more items than warps
-  // the rest come from a grid-wide queue (tokens have 1..world sources, so a
-  // static split finishes unevenly). The next item is fetched while the
-  // current one is processed. Few items: no queue, so no atomic contention.
-  int32_t* queue = &st->combine_items[round & 1];
-  const bool use_queue = sp.items > total_warps;
-  int item = gwarp;
-  while (item < sp.items) {
-    int next = sp.items;
-    if (use_queue && lane == 0) next = total_warps + atomicAdd(queue, 1);
-    const int t = item % n, part = item / n;
-    uint32_t bit = 0;
-    if (lane < g.topk) {
-      const int e = p.indices[static_cast<size_t>(t) * g.topk + lane];
-      if (e >= 0 && e < g.num_experts) bit = 1u << (e / g.experts_per_rank);
-    }
-    const uint32_t routed = WarpOr(bit);
-    const uint32_t sent = a.buf.token_mask[t];
-    if (routed != sent && part == 0 && lane == 0)
-      ReportError(a, kErrRoutingMismatch, kPhaseCombine, -1, t, (static_cast<int64_t>(routed) << 32) | sent);
-    const int4* src[kWorld];
-    int slot_of[kWorld];
-    bool on[kWorld];
-#pragma unroll
-    for (int r = 0; r < kWorld; ++r) {
-      slot_of[r] = (r < world && ((sent >> r) & 1u)) ? a.buf.dest_slot[static_cast<size_t>(t) * world + r] : -1;
-      on[r] = slot_of[r] >= 0;
-      const size_t slot = static_cast<size_t>(max(slot_of[r], 0));
-      const uint8_t* row;
-      if (kPush) {
-        if (r == g.rank && !staged)
-          row = p.input + slot * p.row_bytes;
-        else
-          row = a.buf.stage + (static_cast<size_t>(r) * g.max_tok + t) * p.row_bytes;
-      } else {
-        row = Peer(a, kQuant != kQuantNone ? a.buf.stage : a.buf.combine_inp, r) + slot * p.row_bytes;
-      }
-      src[r] = reinterpret_cast<const int4*>(row);
-    }
-    int4* dst = reinterpret_cast<int4*>(a.buf.combine_out + static_cast<size_t>(t) * p.row_bytes);
-    const int v1 = min(vecs, (part + 1) * sp.vpp);
-    if constexpr (kQuant == kQuantNone) {
-      for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kU) {
-        int4 x[kWorld][kU];
-#pragma unroll
-        for (int r = 0; r < kWorld; ++r) {
-          if (!on[r]) continue;
-#pragma unroll
-          for (int u = 0; u < kU; ++u)
-            if (v + u * kWarpSize < v1) x[r][u] = LoadPeer(src[r] + v + u * kWarpSize);
-        }
-        float acc[kU][kE];
-        SumSources<Tag, kWorld, kU>(acc, dst, on, v, v1,
-                                    [&](float (&a)[kE], int r, int u) { VT::Accumulate(a, x[r][u]); });
-      }
-    } else {
-      // Every source's row in e4m3 (+ block scales); summed in rank order.
-      constexpr int kQU = CombineShape<Tag, kWorld>::kFp8Unroll;
-      for (int v = part * sp.vpp + lane; v < v1; v += kWarpSize * kQU) {
-        uint2 q[kWorld][kQU];
-        float sc[kWorld][kQU];
-#pragma unroll
-        for (int r = 0; r < kWorld; ++r) {
-          if (!on[r]) continue;
-          const float* scales = Fp8RowScales(reinterpret_cast<const uint8_t*>(src[r]), p.row_bytes);
-#pragma unroll
-          for (int u = 0; u < kQU; ++u) {
-            const int vv = v + u * kWarpSize;
-            if (vv < v1) {
-              q[r][u] = LoadPeer8(reinterpret_cast<const uint2*>(src[r]) + vv);
-              sc[r][u] = kQuant == kQuantFp8Block ? LoadPeerF(scales + vv / kFp8BlockVecs) : 1.f;
-            }
-          }
-        }
-        float acc[kQU][kE];
-        SumSources<Tag, kWorld, kQU>(acc, dst, on, v, v1, [&](float (&a)[kE], int r, int u) {
-          Fp8Accumulate<kQuant>(a, q[r][u].x, q[r][u].y, sc[r][u]);
-        });
-      }
-    }
-    if (part == 0 && use_w && lane < g.topk) {
-      float w = 0.f;
-#pragma unroll
-      for (int r = 0; r < kWorld; ++r) {
-        if (!on[r]) continue;
-        const size_t slot = static_cast<size_t>(slot_of[r]);
-        if (kPush)
-          w += r == g.rank && !staged ? p.weights[slot * g.topk + lane]
-                                      : a.buf.stage_weights[(static_cast<size_t>(r) * g.max_tok + t) * g.topk + lane];
-        else
-          w += Peer(a, a.buf.combine_inp_weights, r)[slot * g.topk + lane];
-      }
-      a.buf.combine_out_weights[static_cast<size_t>(t) * g.topk + lane] = w;
-    }
-    item = use_queue ? ShflIdx(next, 0) : sp.items;
-  }
-  MORI_PROF_END(a, kProfCombineReduce, round);
 }
 
 // One kernel variant: element tag, FP8 transport, standard-MoE input.

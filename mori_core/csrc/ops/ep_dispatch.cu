@@ -16,13 +16,15 @@
 //
 // Standard-MoE mode (dispatch_standard_moe, kStd): the plan kernel
 // (ep_standard_moe.cu) already ranked this rank's tokens per expert and published
-// the per-expert counts to every rank. Every block first waits for all sources'
-// counts, so each (token, expert) row has a final position in its destination's
-// [local expert][row] layout: rows of ranks before this one, then this rank's
-// tokens before it. The copy stores the row straight there, once per distinct
-// local expert of the token (no 2-D receive buffer, no receiver-side pass); the
-// 2-D slot still carries weights, ids and the source index for the combine, plus
-// the packed row of every (slot, k) (std_row).
+// the per-expert counts to every rank. The rows travel exactly as in a plain
+// dispatch (once per destination rank, into its 2-D receive buffer); in addition
+// every (slot, k) of a local expert of the destination carries the row's position
+// among this rank's rows of that expert (std_rel). The expand kernel on the
+// receiving side then copies each received row to its final [local expert][row]
+// slots (rows of earlier sources first), a local copy. Storing straight into the
+// 3-D layout instead would send a token once per local expert of its destination
+// (2.2x the NVLink bytes at EP4, top-8 of 256) and make every block wait for all
+// sources' counts before it could send anything.
 #include "ops/ep_device_common.hpp"
 #include "ops/ep_kernels.hpp"
 #include "ops/ep_profiler.cuh"
@@ -50,10 +52,8 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   int32_t* s_warp_off = reinterpret_cast<int32_t*>(s_mask + T);  // [32][kWorld]
   int32_t* s_base = s_warp_off + 32 * kWorld;                    // [kWorld]
   int* s_flag = s_base + kWorld;
-  // standard MoE only: [num_experts] rows of earlier sources, [T][topk] packed rows, [T] duplicate-k masks
-  int32_t* s_ebase = s_flag + 4;
-  int32_t* s_rows = s_ebase + (kStd ? a.geo.num_experts : 0);
-  uint32_t* s_dup = reinterpret_cast<uint32_t*>(s_rows + (kStd ? T * a.geo.topk : 0));
+  // standard MoE only: [T][topk] position of each (token, k) among this rank's rows of expert k
+  int32_t* s_rel = s_flag + 4;
 
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
@@ -64,11 +64,6 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   const int world = g.world, n = p.num_tokens, vecs = p.row_bytes / 16;
   const int chunk = (n + gridDim.x - 1) / gridDim.x;
   const int begin = min(n, static_cast<int>(blockIdx.x) * chunk), end = min(n, begin + chunk);
-  if constexpr (kStd) {
-    MORI_PROF_BEGIN(a, kProfStdWait, round);
-    if (!StdWaitCounts(a, round, s_ebase)) return;
-    MORI_PROF_END(a, kProfStdWait, round);
-  }
 
   for (int r0 = begin; r0 < end; r0 += T) {
     MORI_PROF_BEGIN(a, kProfDispatchRoute, round);
@@ -127,8 +122,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
         }
       }
       if constexpr (kStd)
-        s_dup[tid] = StdTokenRows(a, (st->std_plans + 1) & 1, static_cast<int>(t), p.indices + t * g.topk, s_ebase,
-                                  s_rows + tid * g.topk);
+        StdTokenRel(a, (st->std_plans + 1) & 1, static_cast<int>(t), p.indices + t * g.topk, s_rel + tid * g.topk);
     }
     __syncthreads();
     MORI_PROF_END(a, kProfDispatchRoute, round);
@@ -152,28 +146,24 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       }
       const int4* src = reinterpret_cast<const int4*>(p.input + t * p.row_bytes);
       const int v1 = min(vecs, (part + 1) * vpp);
-      if constexpr (kStd) {
-        StdCopyToken(a, src, p.indices + t * g.topk, s_rows + li * g.topk, s_dup[li], part * vpp, v1, p.row_bytes,
-                     lane);
-      } else {
-        for (int v = part * vpp + lane; v < v1; v += kWarpSize * kDispatchUnroll) {
-          int4 x[kDispatchUnroll];
+      for (int v = part * vpp + lane; v < v1; v += kWarpSize * kDispatchUnroll) {
+        int4 x[kDispatchUnroll];
+#pragma unroll
+        for (int u = 0; u < kDispatchUnroll; ++u)
+          if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
+#pragma unroll
+        for (int r = 0; r < kWorld; ++r) {
+          if (!on[r]) continue;
 #pragma unroll
           for (int u = 0; u < kDispatchUnroll; ++u)
-            if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
-#pragma unroll
-          for (int r = 0; r < kWorld; ++r) {
-            if (!on[r]) continue;
-#pragma unroll
-            for (int u = 0; u < kDispatchUnroll; ++u)
-              if (v + u * kWarpSize < v1) Store16(dst[r] + v + u * kWarpSize, x[u]);
-          }
+            if (v + u * kWarpSize < v1) Store16(dst[r] + v + u * kWarpSize, x[u]);
         }
       }
       if (part != 0) continue;
-      // standard MoE: lane k knows the packed row of entry k and the rank it lives on
-      const int my_row = kStd && lane < g.topk ? s_rows[li * g.topk + lane] : -1;
-      const int my_rank = my_row >= 0 ? p.indices[t * g.topk + lane] / g.experts_per_rank : -1;
+      // standard MoE: lane k knows entry k's position among this rank's rows of its expert and the
+      // rank that expert lives on
+      const int my_rel = kStd && lane < g.topk ? s_rel[li * g.topk + lane] : -1;
+      const int my_rank = my_rel >= 0 ? p.indices[t * g.topk + lane] / g.experts_per_rank : -1;
 #pragma unroll
       for (int r = 0; r < kWorld; ++r) {
         if (!on[r]) continue;
@@ -182,16 +172,13 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
           if (p.weights)
             Peer(a, a.buf.dispatch_out_weights, r)[slot * g.topk + lane] = p.weights[t * g.topk + lane];
           Peer(a, a.buf.dispatch_out_indices, r)[slot * g.topk + lane] = p.indices[t * g.topk + lane];
-          if (kStd) Peer(a, a.std.std_row, r)[slot * g.topk + lane] = my_rank == r ? my_row : -1;
+          if (kStd) Peer(a, a.std.std_rel, r)[slot * g.topk + lane] = my_rank == r ? my_rel : -1;
         }
-        if (p.scales && !kStd)
+        if (p.scales)
           CopySmall(Peer(a, a.buf.dispatch_out_scales, r) + slot * g.scale_bytes, p.scales + t * g.scale_bytes,
                     g.scale_bytes, lane);
         if (lane == 0) Peer(a, a.buf.src_pos, r)[slot] = g.rank * g.max_send + static_cast<int32_t>(t);
       }
-      if constexpr (kStd)
-        StdRowMeta(a, p.scales ? p.scales + t * g.scale_bytes : nullptr, p.indices + t * g.topk,
-                   s_rows + li * g.topk, s_dup[li], g.rank * g.max_send + static_cast<int32_t>(t), lane);
     }
     __syncthreads();
     MORI_PROF_END(a, kProfDispatchCopy, round);
@@ -206,7 +193,15 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   // (Issue #19: EP8 x 1000 rounds on one GPU; ordering across two physical GPUs is confirmed
   // only by a 2-GPU run of the same test.)
   const bool flag_peer = tid < world && tid != g.rank;
-  if (flag_peer) StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
+  // Every rank learns every source's token count with its signal (the staged push combine cuts
+  // each source's tokens into chunks the same way on both sides); by round parity, because a
+  // peer may publish its next round's count while this rank's combine still reads this one's.
+  int32_t* tokens_bank = a.buf.peer_tokens + (round & 1) * kMaxWorld + g.rank;
+  if (tid == g.rank) *tokens_bank = n;
+  if (flag_peer) {
+    *Peer(a, tokens_bank, tid) = n;
+    StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
+  }
   bool ok = true;
   if (flag_peer) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
   if (!__syncthreads_and(ok)) return;
@@ -230,8 +225,9 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
 }  // namespace dev
 
 size_t DispatchSmemBytes(int threads, int world, bool standard_moe, int num_experts, int topk) {
+  (void)num_experts;
   const size_t base = static_cast<size_t>(threads) * world + threads + 32 * world + world + 4;
-  const size_t std_part = standard_moe ? static_cast<size_t>(num_experts) + static_cast<size_t>(threads) * topk + threads : 0;
+  const size_t std_part = standard_moe ? static_cast<size_t>(threads) * topk : 0;
   return sizeof(int32_t) * (base + std_part);
 }
 

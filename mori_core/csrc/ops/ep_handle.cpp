@@ -1,5 +1,7 @@
 #include "ops/ep_handle.hpp"
 
+#include <algorithm>
+#include <cstdlib>
 
 #include "common/error.hpp"
 #include "ops/ep_profiler_phases.hpp"
@@ -38,8 +40,24 @@ Layout MakeLayout(const EpHandleConfig& c, size_t row_cap) {
   l.Add("sync", sizeof(EpSyncState));
   l.Add("std_counts", 2 * static_cast<size_t>(c.world_size) * c.world_size * c.num_experts_per_rank * sizeof(int32_t));
   l.Add("std_flags", kMaxWorld * sizeof(uint32_t));
+  l.Add("peer_tokens", 2 * kMaxWorld * sizeof(int32_t));
+  l.Add("push_flags", static_cast<size_t>(kMaxPushStages) * kMaxWorld * sizeof(uint32_t));
   l.Finish();
   return l;
+}
+
+// Staged push combine (CombineParams::stage_tokens / reduce_blocks) from the environment, read
+// once per op: MORI_EP_PUSH_STAGE_TOKENS (tokens per chunk; 0 = never staged; every rank must use
+// the same value) and MORI_EP_PUSH_REDUCE_BLOCKS (blocks that only reduce; -1 = a quarter of the grid).
+int EnvInt(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  Require(end && *end == '\0' && x >= lo && x <= hi,
+          std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+              v + "'");
+  return static_cast<int>(x);
 }
 
 int TokenWords(const EpHandleConfig& c) { return (c.max_num_inp_token_per_rank + 31) / 32; }
@@ -54,6 +72,7 @@ Layout MakeStdLayout(const EpHandleConfig& c, size_t row_cap) {
   l.Add("packed_scales", el * tpe * scale_bytes);
   l.Add("packed_src_info", el * tpe * 4);
   l.Add("std_row", static_cast<size_t>(c.max_num_tokens_to_recv) * k * 4);
+  l.Add("std_rel", static_cast<size_t>(c.max_num_tokens_to_recv) * k * 4);
   l.Add("packed_count", el * 4);
   l.Add("layout_range", el * c.world_size * 8);
   l.Add("plan_bits", 2 * ne * words * 4);
@@ -98,6 +117,10 @@ EpHandle::EpHandle(const EpHandleConfig& c) : EpHandleBase(c, kMaxWorld, KernelW
   b.token_mask = reinterpret_cast<uint32_t*>(at("token_mask"));
   b.std_counts = reinterpret_cast<int32_t*>(at("std_counts"));
   b.std_flags = reinterpret_cast<uint32_t*>(at("std_flags"));
+  b.peer_tokens = reinterpret_cast<int32_t*>(at("peer_tokens"));
+  b.push_flags = reinterpret_cast<uint32_t*>(at("push_flags"));
+  push_stage_tokens_ = EnvInt("MORI_EP_PUSH_STAGE_TOKENS", kDefaultPushStageTokens, 0, 1 << 30);
+  push_reduce_blocks_ = EnvInt("MORI_EP_PUSH_REDUCE_BLOCKS", -1, -1, 1 << 20);
   g.tpe = c.world_size * c.max_num_inp_token_per_rank;
   g.tok_words = TokenWords(c);
 #if MORI_ENABLE_PROFILER
@@ -199,9 +222,12 @@ int EpHandle::CombineGrid(int dtype, bool push, bool standard_moe, int warps, in
 }
 
 void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights, int weight_rows,
-                       uintptr_t indices, int num_tokens, bool push, int blocks, int warps, uintptr_t stream) {
+                       uintptr_t indices, int num_tokens, int mode, int blocks, int warps, uintptr_t stream) {
   const int row_bytes = CheckedCombineRowBytes(dtype, hidden_dim, num_tokens, indices, blocks, warps);
-  EP_CHECK_ARG(!push || input % 16 == 0, "input must be 16-byte aligned");
+  EP_CHECK_ARG(mode == kCombinePull || mode == kCombinePush || mode == kCombineCopyPull,
+               "combine mode must be 0 (pull), 1 (push) or 2 (copy, then pull), got " + std::to_string(mode));
+  const bool push = mode == kCombinePush, reads_input = mode != kCombinePull;
+  EP_CHECK_ARG(!reads_input || input % 16 == 0, "input must be 16-byte aligned");
   blocks = CombineGrid(dtype, push, false, warps, blocks);
   CombineParams p{};
   p.input = reinterpret_cast<const uint8_t*>(input);
@@ -222,11 +248,20 @@ void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_row
                     ? 1
                     : 0;
   p.num_tokens = num_tokens;
-  p.check_input_rows = push ? 1 : 0;
+  p.check_input_rows = reads_input ? 1 : 0;
   p.quant = combine_quant_;
+  p.copy_input = mode == kCombineCopyPull ? 1 : 0;
+  SetPushStaging(p, blocks);
   DeviceGuard guard(device_);
   LaunchCombine(args_, p, dtype == 0 ? CombineDtype::kBf16 : CombineDtype::kFp32, push, blocks, warps,
                 reinterpret_cast<gpuStream_t>(stream));
+}
+
+void EpHandle::SetPushStaging(CombineParams& p, int blocks) const {
+  p.stage_tokens = push_stage_tokens_;
+  // Reducers keep up with the pushers at a quarter of the grid: they move the local rows (HBM)
+  // while the pushers are bound by the links.
+  p.reduce_blocks = push_reduce_blocks_ >= 0 ? std::min(push_reduce_blocks_, blocks - 1) : blocks / 4;
 }
 
 BufferTable EpHandle::Buffers() const {
@@ -245,6 +280,10 @@ void EpHandle::SetCombineQuant(int quant) {
 
 uint64_t EpHandle::EnsureStandardMoe() {
   CheckUsable();
+  // The plan and expand kernels keep one int per expert (of all ranks) in shared memory.
+  Require(static_cast<size_t>(args_.geo.num_experts) * sizeof(int32_t) <= 48 * 1024,
+          "the standard-MoE layout supports at most " + std::to_string(48 * 1024 / sizeof(int32_t)) +
+              " experts in total (world_size x num_experts_per_rank), got " + std::to_string(args_.geo.num_experts));
   if (!std_block_) {
     const Layout l = MakeStdLayout(cfg_, row_cap_);
     shmem::SymmetricHeap& heap = shmem::Heap();
@@ -259,6 +298,7 @@ uint64_t EpHandle::EnsureStandardMoe() {
     b.packed_scales = at("packed_scales");
     b.packed_src_info = reinterpret_cast<int32_t*>(at("packed_src_info"));
     b.std_row = reinterpret_cast<int32_t*>(at("std_row"));
+    b.std_rel = reinterpret_cast<int32_t*>(at("std_rel"));
     b.packed_count = reinterpret_cast<int32_t*>(at("packed_count"));
     b.layout_range = reinterpret_cast<int64_t*>(at("layout_range"));
     b.plan_bits = reinterpret_cast<uint32_t*>(at("plan_bits"));
@@ -290,6 +330,8 @@ void EpHandle::DispatchStandardMoe(uintptr_t input, int row_bytes, int num_token
   const gpuStream_t s = reinterpret_cast<gpuStream_t>(stream);
   LaunchStdPlan(args_, p.indices, num_tokens, plan_blocks, s);
   LaunchDispatch(args_, p, blocks, warps, s);
+  // One warp per received row and its local experts' copies; rows are known only on the device.
+  LaunchStdExpand(args_, row_bytes, sm_count_, kStdExpandWarps, s);
 }
 
 void EpHandle::ConvertDispatchOutput(uintptr_t x, int row_bytes, int x_rows, uintptr_t ids, int blocks, int warps,
@@ -337,6 +379,7 @@ void EpHandle::CombineStandardMoe(uintptr_t packed, int dtype, int hidden_dim, u
   p.num_tokens = num_tokens;
   p.quant = combine_quant_;
   p.standard_moe = 1;
+  SetPushStaging(p, blocks);
   DeviceGuard guard(device_);
   LaunchCombine(args_, p, dtype == 0 ? CombineDtype::kBf16 : CombineDtype::kFp32, true, blocks, warps,
                 reinterpret_cast<gpuStream_t>(stream));

@@ -28,6 +28,11 @@ class OpFailed : public BadState {
 
 using EpHandleConfig = EpOpConfig;
 
+// Tokens per chunk of the staged push combine (MORI_EP_PUSH_STAGE_TOKENS overrides it per op).
+constexpr int kDefaultPushStageTokens = 512;
+// Warps per block of the standard-MoE expand kernel.
+constexpr int kStdExpandWarps = 8;
+
 class EpHandle : public EpHandleBase {
  public:
   // Allocates all buffers from the symmetric heap (collective: every rank must
@@ -37,8 +42,10 @@ class EpHandle : public EpHandleBase {
 
   void Dispatch(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales, uintptr_t indices,
                 int blocks, int warps, uintptr_t stream);
+  // `mode`: EpCombineMode (0 pull: rows from the registered buffers; 1 push: `input` rows to their
+  // sources; 2 copy-pull: `input` rows copied into this rank's registered buffer, then pull).
   void Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights, int weight_rows,
-               uintptr_t indices, int num_tokens, bool push, int blocks, int warps,
+               uintptr_t indices, int num_tokens, int mode, int blocks, int warps,
                uintptr_t stream);
 
   // name -> (device pointer, bytes) of the buffers Python views.
@@ -88,6 +95,8 @@ class EpHandle : public EpHandleBase {
   // block_num clamped to what fits co-resident for this combine variant.
   int CombineGrid(int dtype, bool push, bool standard_moe, int warps, int blocks);
   void RequireStandardMoe() const;
+  // Staged-push fields of a push combine launch of `blocks` blocks.
+  void SetPushStaging(CombineParams& p, int blocks) const;
   const char* PhaseName(int phase) const override;
 
   int device_ = -1;
@@ -100,6 +109,8 @@ class EpHandle : public EpHandleBase {
   EpKernelArgs args_{};
   std::map<std::tuple<int, bool, int, int, bool>, int> combine_grid_cap_;
   int combine_quant_ = 0;
+  int push_stage_tokens_ = kDefaultPushStageTokens;
+  int push_reduce_blocks_ = -1;
   uint8_t* std_block_ = nullptr;  // standard-MoE buffers (allocated on first use)
   uint64_t std_offset_ = 0;
   uint64_t std_bytes_ = 0;

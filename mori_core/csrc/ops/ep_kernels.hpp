@@ -35,8 +35,12 @@ int CombineMaxCoResidentBlocks(int world, CombineDtype dtype, bool push, int qua
 
 // Standard-MoE layout (ep_standard_moe.cu). All asynchronous on `stream`.
 // Plan of dispatch_standard_moe: ranks this rank's tokens per expert and publishes
-// the per-expert counts to every rank; LaunchDispatch with standard_moe = 1 follows.
+// the per-expert counts to every rank; LaunchDispatch with standard_moe = 1 and
+// LaunchStdExpand follow.
 void LaunchStdPlan(const EpKernelArgs& args, const int32_t* indices, int num_tokens, int blocks, gpuStream_t stream);
+// dispatch_standard_moe, after LaunchDispatch with standard_moe = 1: every received row
+// (`row_bytes`) to its final [local expert][position] slots (a local copy).
+void LaunchStdExpand(const EpKernelArgs& args, int row_bytes, int blocks, int warps, gpuStream_t stream);
 // convert_dispatch_output: the received 2-D rows `x` (`x_rows` rows, `row_bytes` each)
 // with their top-k ids into this rank's 3-D layout (scales from the dispatch outputs).
 void LaunchConvertDispatch(const EpKernelArgs& args, const uint8_t* x, int row_bytes, int x_rows, const int32_t* ids,

@@ -12,7 +12,7 @@ enum EpProfPhase : int32_t {
   kProfDispatchCopy = 1,    // dispatch: rows (and weights, ids, scales) stored to the destinations
   kProfDispatchSignal = 2,  // dispatch, last block: signal every peer, wait for every peer
   kProfStdPlan = 3,         // standard-MoE plan: token ranks per expert, counts published
-  kProfStdWait = 4,         // standard-MoE dispatch: wait for every source's counts
+  kProfStdExpand = 4,       // standard-MoE dispatch: received rows copied into the 3-D layout
   kProfCombineStage = 5,    // combine phase 0: rows pushed to their sources (or quantised / staged)
   kProfCombineBarrier = 6,  // combine: signal the round, wait for every peer
   kProfCombineReduce = 7,   // combine phase 1: sum of each token's rows
@@ -22,7 +22,7 @@ enum EpProfPhase : int32_t {
 };
 
 inline constexpr const char* kEpProfilerPhaseNames[kProfNumPhases] = {
-    "dispatch_route", "dispatch_copy", "dispatch_signal", "std_plan",       "std_wait",
+    "dispatch_route", "dispatch_copy", "dispatch_signal", "std_plan",       "std_expand",
     "combine_stage",  "combine_barrier", "combine_reduce", "convert_dispatch", "convert_combine",
 };
 

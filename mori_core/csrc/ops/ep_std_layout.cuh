@@ -44,103 +44,34 @@ __device__ __forceinline__ int WarpScanBits(const uint32_t* bits, int32_t* prefi
   return run;
 }
 
-// Standard-MoE dispatch, every block at start: wait (bounded) until every source
-// published its per-expert counts for `round`, then s_ebase[e] = rows that sources
-// before this rank send to expert e. Block 0 also writes this rank's
-// packed_recv_count and layout range. Returns false when a wait failed.
-__device__ __forceinline__ bool StdWaitCounts(const EpKernelArgs& a, uint32_t round, int32_t* s_ebase) {
-  const EpGeometry& g = a.geo;
-  const int tid = threadIdx.x, T = blockDim.x;
-  bool ok = true;
-  if (tid < g.world) ok = WaitRound(a, a.buf.std_flags + tid, round, kPhaseDispatch, tid);
-  if (!__syncthreads_and(ok)) return false;
-  const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * g.num_experts;
-  for (int e = tid; e < g.num_experts; e += T) {
-    int base = 0;
-    for (int s = 0; s < g.rank; ++s) base += LoadRelaxedSys(counts + static_cast<size_t>(s) * g.num_experts + e);
-    s_ebase[e] = base;
-  }
-  if (blockIdx.x == 0) {
-    for (int el = tid; el < g.experts_per_rank; el += T) {
-      const int e = g.rank * g.experts_per_rank + el;
-      int begin = 0;
-      for (int s = 0; s < g.world; ++s) {
-        const int c = LoadRelaxedSys(counts + static_cast<size_t>(s) * g.num_experts + e);
-        a.std.layout_range[static_cast<size_t>(el) * g.world + s] =
-            static_cast<int64_t>(static_cast<uint32_t>(c)) | (static_cast<int64_t>(begin) << 32);
-        begin += c;
-      }
-      a.std.packed_count[el] = begin;
-    }
-  }
-  __syncthreads();
-  return true;
-}
-
-// Packed row (on its destination rank) of every k entry of this rank's token t;
-// -1 for dropped ids. Returns the mask of k entries that repeat an earlier expert
-// of the token (they share its row and are not copied twice). `plan_parity`: the
-// bitmap the plan kernel just before this dispatch set ((std_plans - 1) & 1).
-__device__ __forceinline__ uint32_t StdTokenRows(const EpKernelArgs& a, uint32_t plan_parity, int t,
-                                                 const int32_t* ids, const int32_t* s_ebase, int32_t* rows) {
+// Position of every k entry of this rank's token t among this rank's rows of expert
+// ids[k] (a bitmap rank: tokens before t routed to the same expert); -1 for dropped
+// ids. An entry repeating an earlier expert of the token gets that entry's position
+// (one row per distinct expert). `plan_parity`: the bitmap the plan kernel just
+// before this dispatch set ((std_plans - 1) & 1). The receiver adds the rows of
+// earlier sources (StdExpandKernel).
+__device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan_parity, int t, const int32_t* ids,
+                                            int32_t* rel) {
   const EpGeometry& g = a.geo;
   const uint32_t* bits = a.std.plan_bits + static_cast<size_t>(plan_parity) * g.num_experts * g.tok_words;
-  uint32_t dup = 0;
   for (int k = 0; k < g.topk; ++k) {
     const int e = ids[k];
-    int row = -1;
+    int r = -1;
     if (e >= 0 && e < g.num_experts) {
+      int first = k;
       for (int j = 0; j < k; ++j)
-        if (ids[j] == e && !((dup >> k) & 1u)) {
-          dup |= 1u << k;
-          row = rows[j];
+        if (ids[j] == e) {
+          first = j;
+          break;
         }
-      if (!((dup >> k) & 1u)) {
+      if (first < k) {
+        r = rel[first];
+      } else {
         const size_t off = static_cast<size_t>(e) * g.tok_words;
-        row = (e % g.experts_per_rank) * g.tpe + s_ebase[e] + BitRank(bits + off, a.std.plan_prefix + off, t);
+        r = BitRank(bits + off, a.std.plan_prefix + off, t);
       }
     }
-    rows[k] = row;
-  }
-  return dup;
-}
-
-// Stores vectors [v0b, v1) of one token row to each distinct packed row of its
-// experts (on their ranks). `rows`/`dup` come from StdTokenRows (shared memory).
-__device__ __forceinline__ void StdCopyToken(const EpKernelArgs& a, const int4* src, const int32_t* ids,
-                                             const int32_t* rows, uint32_t dup, int v0b, int v1, int row_bytes,
-                                             int lane) {
-  constexpr int kUnroll = 4;
-  const EpGeometry& g = a.geo;
-  for (int v = v0b + lane; v < v1; v += kWarpSize * kUnroll) {
-    int4 x[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (v + u * kWarpSize < v1) x[u] = LoadStream(src + v + u * kWarpSize);
-    for (int k = 0; k < g.topk; ++k) {
-      const int row = rows[k];
-      if (row < 0 || ((dup >> k) & 1u)) continue;
-      int4* dst = reinterpret_cast<int4*>(Peer(a, a.std.packed_x, ids[k] / g.experts_per_rank) +
-                                          static_cast<size_t>(row) * row_bytes);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (v + u * kWarpSize < v1) Store16(dst + v + u * kWarpSize, x[u]);
-    }
-  }
-}
-
-// Source index and scales of each distinct packed row of one token (whole warp).
-__device__ __forceinline__ void StdRowMeta(const EpKernelArgs& a, const uint8_t* scales, const int32_t* ids,
-                                           const int32_t* rows, uint32_t dup, int32_t flat_src, int lane) {
-  const EpGeometry& g = a.geo;
-  for (int k = 0; k < g.topk; ++k) {
-    const int row = rows[k];
-    if (row < 0 || ((dup >> k) & 1u)) continue;
-    const int r = ids[k] / g.experts_per_rank;
-    if (lane == 0) Peer(a, a.std.packed_src_info, r)[row] = flat_src;
-    if (scales)
-      CopySmall(Peer(a, a.std.packed_scales, r) + static_cast<size_t>(row) * g.scale_bytes, scales, g.scale_bytes,
-                lane);
+    rel[k] = r;
   }
 }
 

@@ -31,6 +31,16 @@ enum EpCombineQuant : int32_t {
   kQuantFp8Block = 2,  // fp8_blockwise: one fp32 scale per 128-channel block
 };
 constexpr int kFp8BlockElems = 128;
+// Staged push combine: a source's tokens are cut into at most this many chunks; the rows of
+// chunk k are pushed (and signalled) before those of chunk k + 1, so the receiver reduces
+// chunk k while chunk k + 1 is still crossing the links.
+constexpr int kMaxPushStages = 16;
+// Combine kernel modes (CombineParams::mode, EpHandle::Combine's `mode`).
+enum EpCombineMode : int32_t {
+  kCombinePull = 0,      // sources read this rank's registered rows (zero-copy)
+  kCombinePush = 1,      // this rank writes every row into its source's staging buffer
+  kCombineCopyPull = 2,  // the caller's rows are copied into the registered buffer, then pull
+};
 enum EpPhase : int32_t { kPhaseDispatch = 1, kPhaseCombine = 2 };
 
 // Host-mapped (pinned) memory: kernels write, the host reads without syncing.
@@ -65,6 +75,10 @@ struct EpSyncState {
   // per dispatch round, because plain dispatches may run between two plans and each plan clears
   // the bitmap the plan before it set.
   uint32_t std_plans;
+  // Staged push combine: pusher blocks that finished chunk k (the last one resets it), and the
+  // work-queue heads of each chunk's reduce, by combine round parity (each launch clears the other).
+  uint32_t stage_arrive[kMaxPushStages];
+  int32_t stage_items[2][kMaxPushStages];
 };
 
 struct EpGeometry {
@@ -108,6 +122,12 @@ struct EpBuffers {
   // standard-MoE count exchange (symmetric, zeroed with the op; written by peers)
   int32_t* std_counts;          // [2][world][num_experts]: rows each source sends to each expert, by round parity
   uint32_t* std_flags;          // [kMaxWorld]: round whose counts each source published
+  // symmetric, written by peers: tokens each source dispatched, by dispatch round parity
+  // ([2][kMaxWorld]; the staged push combine cuts every source's tokens into the same chunks
+  // on both sides), and the combine round up to whose chunk k each source has pushed
+  // ([kMaxPushStages][kMaxWorld]).
+  int32_t* peer_tokens;
+  uint32_t* push_flags;
 #if MORI_ENABLE_PROFILER
   int64_t* prof_events;         // [kProfMaxWarps][kProfEventsPerWarp][2] (time ns, meta)
   int32_t* prof_cursor;         // [kProfMaxWarps] events written per warp slot
@@ -119,7 +139,9 @@ struct EpStdBuffers {
   uint8_t* packed_x;            // [E_local][tpe][row] symmetric: peers write rows here
   uint8_t* packed_scales;       // [E_local][tpe][scale_bytes] symmetric
   int32_t* packed_src_info;     // [E_local][tpe] symmetric: flat source index of each row
-  int32_t* std_row;             // [max_recv][topk] symmetric: packed row of (received token, k), -1 if not local
+  int32_t* std_row;             // [max_recv][topk]: packed row of (received token, k) on this rank, -1 if not local
+  int32_t* std_rel;             // [max_recv][topk] symmetric: the same row's position among its source's rows of
+                                // that expert (written by the source's dispatch; -1 if not local)
   int32_t* packed_count;        // [E_local]
   int64_t* layout_range;        // [E_local][world]: rows from each source, (count | begin << 32)
   uint32_t* plan_bits;          // [2][num_experts][tok_words] source side: token bitmap per expert, by parity
@@ -163,9 +185,14 @@ struct CombineParams {
   // its next dispatch and overwrite them while this rank still reduces.
   int32_t stage_own;
   int32_t num_tokens;
-  int32_t check_input_rows;   // push mode reads `input`; pull mode reads combine_inp
+  int32_t check_input_rows;   // push and copy-pull read `input`; pull mode reads combine_inp
   int32_t quant;              // EpCombineQuant of the rows that cross the link
   int32_t standard_moe;       // 1: `input` is the 3-D standard-MoE layout (push only)
+  int32_t copy_input;         // pull kernel: first copy `input` rows into this rank's registered buffer
+  // Staged push: tokens per chunk (0: one chunk, i.e. push everything, one barrier, reduce), and
+  // how many blocks only reduce while the others push (the pushers join them when done).
+  int32_t stage_tokens;
+  int32_t reduce_blocks;
 };
 
 }  // namespace mori::ep

@@ -550,25 +550,15 @@ def _summary(args, results: list[Result], sizes, extra: dict, route: str) -> Non
 
 
 def _plot(path: str, results: list[Result], args) -> None:
-    try:
-        import matplotlib
+    from mori_core.bench.plot import Panel, PlotUnavailable, write_png
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-        return
-    fig, axes = plt.subplots(1, len({r.op for r in results}), figsize=(11, 4), squeeze=False)
-    for ax, op in zip(axes[0], sorted({r.op for r in results}, reverse=True)):
+    panels = []
+    for op in sorted({r.op for r in results}, reverse=True):
+        panel = Panel(f"{op}, batch {args.batch}", "message size (bytes)", "GB/s")
         for mode in MODES:
-            pts = sorted((r.msg, r.gbps) for r in results if r.op == op and r.mode == mode)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"MORI-IO {args.backend} {op}, batch {args.batch}")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+            panel.add(mode, [(r.msg, r.gbps) for r in results if r.op == op and r.mode == mode])
+        panels.append(panel)
+    try:
+        print(f"wrote {write_png(path, f'MORI-IO {args.backend}', panels, columns=len(panels))}")
+    except (PlotUnavailable, ValueError) as e:
+        print(e, file=sys.stderr)

@@ -238,9 +238,35 @@ class EpDispatchCombineOp:
         """
         if block_num != -1 or rdma_block_num != -1 or warp_per_block != -1:
             check_launch_overrides(block_num, rdma_block_num, warp_per_block)
+        rows = self._accepted_rows(input, weights, scales, indices)
+        if rows is None:  # (also while a split send is pending: it turns the fast accept off)
+            rows = self._validate_dispatch(input, weights, scales, indices)
+            if self._pending_dispatch is not None:
+                raise RuntimeError("dispatch_send() was called twice without dispatch_recv()")
+        n = input.shape[0]
+        p = self._plans.get(("dispatch", n, block_num, rdma_block_num, warp_per_block))
+        if p is None:
+            p = self._plan("dispatch", n, block_num, rdma_block_num, warp_per_block)
+        self._cached_dispatch_launch = p
+        has_scales = scales is not None and self._scale_dim > 0
+        try:
+            res = self._launch_dispatch(input, weights, scales if has_scales else None, indices, n, rows.row_bytes, p, True)
+        except self._failure as e:
+            raise EpOpError(str(e)) from None
+        self._dispatch_tokens = n
+        if res is None:  # the engine wrote into its buffers: the views built once
+            res = (rows.view, self._out_weights, self._scale_view(scales.dtype) if has_scales else None,
+                   self._out_indices, self._total_recv)
+        if call_local_expert_count:
+            self._count_local_experts(res[3], res[4])
+        return res
+
+    def _accepted_rows(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
+                       indices: torch.Tensor) -> Optional[RowBuffer]:
+        """The dispatch's fast accept: the prepared output rows when the arguments match them
+        exactly (dtypes by identity, shapes, contiguity, device index), else None (the caller then
+        runs the full validators, which raise naming the argument and the limit)."""
         topk, dev, scale_dim = self._topk, self._dev_index, self._scale_dim
-        # Fast accept (exact dtypes/shapes/layout against what was prepared); anything else is
-        # handed to the full validators, which raise naming the argument and the limit.
         try:
             n, h = input.shape
             rows = self._dispatch_rows.get((input.dtype, h))
@@ -275,28 +301,8 @@ class EpDispatchCombineOp:
                 )
             )
         except (AttributeError, TypeError, ValueError):
-            ok = False
-        if not ok:  # (also while a split send is pending: it turns the fast accept off)
-            rows = self._validate_dispatch(input, weights, scales, indices)
-            n = int(input.shape[0])
-            if self._pending_dispatch is not None:
-                raise RuntimeError("dispatch_send() was called twice without dispatch_recv()")
-        p = self._plans.get(("dispatch", n, block_num, rdma_block_num, warp_per_block))
-        if p is None:
-            p = self._plan("dispatch", n, block_num, rdma_block_num, warp_per_block)
-        self._cached_dispatch_launch = p
-        has_scales = scales is not None and scale_dim > 0
-        try:
-            res = self._launch_dispatch(input, weights, scales if has_scales else None, indices, n, rows.row_bytes, p, True)
-        except self._failure as e:
-            raise EpOpError(str(e)) from None
-        self._dispatch_tokens = n
-        if res is None:  # the engine wrote into its buffers: the views built once
-            res = (rows.view, self._out_weights, self._scale_view(scales.dtype) if has_scales else None,
-                   self._out_indices, self._total_recv)
-        if call_local_expert_count:
-            self._count_local_experts(res[3], res[4])
-        return res
+            return None
+        return rows if ok else None
 
     def _validate_dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
                            indices: torch.Tensor) -> RowBuffer:
@@ -572,16 +578,25 @@ class EpDispatchCombineOp:
         :meth:`convert_combine_input` still work). Scales (``scale_dim > 0``):
         :meth:`get_packed_recv_scales`.
         """
-        std = self._standard_moe_call(block_num, rdma_block_num, warp_per_block)
+        std = self._standard_moe_part()
         if not std.fused:  # dispatch, then lay the received rows out
+            self.check_error(synchronize=False)
             out, _, _, out_idx, total = self.dispatch(
                 input, weights, scales, indices, block_num=block_num, rdma_block_num=rdma_block_num,
                 warp_per_block=warp_per_block,
             )
             n = int(total[0])
             return self.convert_dispatch_output(out[:n], out_idx[:n])
-        self._dispatch_tokens, res = std.dispatch(input, weights, scales, indices, block_num, warp_per_block,
-                                                  self._std_plan)
+        # The dispatch's checks and cached launch (the kernels report a failed op themselves).
+        if block_num != -1 or rdma_block_num != -1 or warp_per_block != -1:
+            check_launch_overrides(block_num, rdma_block_num, warp_per_block)
+        rows = self._accepted_rows(input, weights, scales, indices)
+        if rows is None:
+            rows = self._validate_dispatch(input, weights, scales, indices)
+        n = int(input.shape[0])
+        p = self._std_plan("dispatch", n, block_num, warp_per_block)
+        res = std.dispatch(input, weights, scales if self._scale_dim > 0 else None, indices, n, rows.row_bytes, p)
+        self._dispatch_tokens = n
         return res
 
     def convert_dispatch_output(self, dispatch_out_x: torch.Tensor, dispatch_out_topk_idx: torch.Tensor,

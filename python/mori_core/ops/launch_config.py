@@ -15,14 +15,19 @@ from dataclasses import dataclass
 from typing import Optional
 
 LAUNCH_MODE_ENV = "MORI_EP_LAUNCH_CONFIG_MODE"
+COMBINE_ALGO_ENV = "MORI_EP_COMBINE_ALGO"
+# The IntraNode combine kernels (EpCombineMode in ops/ep_types.hpp).
+COMBINE_MODES = {"pull": 0, "push": 1, "copy_pull": 2}
 
 
 @dataclass(frozen=True)
 class LaunchParams:
-    """Grid of one kernel launch."""
+    """Grid of one kernel launch; ``mode`` is the IntraNode combine kernel a combine runs
+    (:data:`COMBINE_MODES`; -1 where it does not apply)."""
 
     block_num: int
     warp_per_block: int
+    mode: int = -1
 
 
 # (max tokens per rank, block_num, warp_per_block); the first row whose bound >= tokens wins.
@@ -134,3 +139,45 @@ def resolve_internode(
         rdma_block_num if rdma_block_num > 0 else base[1],
         warp_per_block if warp_per_block > 0 else base[2],
     )
+
+
+# ----------------------------------------------------------------------------- combine kernel
+def combine_algorithm_override() -> str:
+    """``MORI_EP_COMBINE_ALGO``: ``auto`` (default), ``push`` or ``pull`` (see :func:`combine_mode`)."""
+    algo = os.environ.get(COMBINE_ALGO_ENV, "auto").strip().lower() or "auto"
+    if algo not in ("auto", "push", "pull"):
+        raise ValueError(f"{COMBINE_ALGO_ENV}={algo!r} must be auto, push or pull")
+    return algo
+
+
+def combine_mode(push_call: bool, quant: int, algo: str = "auto") -> int:
+    """The combine kernel (a :data:`COMBINE_MODES` value) that moves a combine's bytes fastest.
+
+    ``push_call``: the caller's rows are an unregistered tensor (``use_external_inp_buf=1``),
+    else they are in the registered buffer (pull, zero-copy). Either kernel serves either call:
+    a push call runs the pull kernel after a local copy into the registered buffer
+    (``copy_pull``), a pull call runs the push kernel reading the registered buffer. The result
+    is the same bit for bit (fp32 sums in ascending rank order, FP8 rows quantised alike).
+
+    ``algo`` = ``push`` / ``pull`` forces the kernel; ``auto`` chooses:
+
+    * FP8 combine (``quant`` != 0): push. The pull kernel quantises every row into local staging
+      before its barrier and only then can the peers read: two passes, one after the other.
+    * otherwise push calls push (the staged push overlaps the reduce with the transfer) and pull
+      calls pull (no extra pass over the rows).
+
+    The choice depends only on values every rank shares (never on this rank's token count): all
+    ranks must run the same kernel, or their barriers would never meet.
+    """
+    if algo == "push":
+        return COMBINE_MODES["push"]
+    if algo == "pull":
+        return COMBINE_MODES["copy_pull"] if push_call else COMBINE_MODES["pull"]
+    if quant != 0 or push_call:
+        return COMBINE_MODES["push"]
+    return COMBINE_MODES["pull"]
+
+
+def combine_table_kernel(mode: int) -> str:
+    """The launch-table kernel name of a combine kernel mode."""
+    return "combine_push" if mode == COMBINE_MODES["push"] else "combine_pull"

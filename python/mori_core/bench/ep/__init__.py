@@ -4,7 +4,9 @@ One package, one measurement: :mod:`.measure` places and starts the ranks, times
 host, CUDA graph), runs the NCCL baseline and merges the ranks' rows; each kernel family calls it:
 
 * :mod:`.intranode` -- IntraNode dispatch/combine (default ``--kernel-type IntraNode``), with the
-  FP8-combine and standard-MoE rows of :mod:`.extensions`;
+  FP8-combine and standard-MoE rows of :mod:`.extensions`, DeepEP's intranode kernels on the same
+  data (``--deepep``, :mod:`.deepep_normal`), the launch-knob sweep (``--tune``, :mod:`.tune`) and
+  a PNG chart (``--plot``, :mod:`mori_core.bench.plot`);
 * :mod:`.internode` -- the inter-node kernel types (``--kernel-type InterNodeV1,...``).
 
 A family module has ``rank_main(rank, world, port, args, results)`` (one spawned rank) and
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from mori_core.bench.ep import extensions, internode, v2
+from mori_core.bench.ep import deepep_normal, extensions, internode, tune, v2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,9 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "AsyncLL) runs the inter-node benchmark (mori_core.bench.ep.internode)")
     p.add_argument("--gpu-per-node", type=int, default=0, help="inter-node types: GPUs per node (default: all)")
     p.add_argument("--rdma-block-num", type=int, default=-1, help="inter-node V1/V1LL: blocks staging network rows")
+    p.add_argument("--plot", metavar="FILE", default="",
+                   help="write a PNG of time per call against tokens per rank (ours, DeepEP, NCCL); needs matplotlib")
     extensions.add_arguments(p)
     internode.add_arguments(p)
     v2.add_arguments(p)
+    deepep_normal.add_arguments(p)
+    tune.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

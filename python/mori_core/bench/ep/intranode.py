@@ -34,12 +34,12 @@ import json
 import statistics
 from typing import Any, Callable
 
-from mori_core.bench.ep import extensions, v2
+from mori_core.bench.ep import deepep_normal, extensions, tune, v2
 from mori_core.bench.ep.measure import (
     DTYPES, dtype_inputs, host_idle, measure, merge_ranks, nccl_baseline,
     run_rank, timing_columns_note, token_inputs
 )
-from mori_core.placement import Placement
+from mori_core.placement import Placement, placement
 
 SWEEP_BLOCKS = (32, 64, 96, 132, 264)
 SWEEP_WARPS = (4, 8, 16)
@@ -92,6 +92,30 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, result
     run_rank(rank, world, port, results, functools.partial(_rank_rows, rank, world, args))
 
 
+def _open_deepep(args: argparse.Namespace, world: int, op: Any) -> Any:
+    """Collective: the DeepEP baseline when ``--deepep`` asks for it and ``deep_ep`` imports on
+    every rank, else None (rank 0 prints why)."""
+    if not getattr(args, "deepep", False):
+        return None
+    import torch
+    import torch.distributed as dist
+
+    ok, why = deepep_normal.available()
+    if placement(world).shared:  # DeepEP needs a GPU per rank (NCCL, its IPC buffers)
+        ok, why = False, "the ranks share GPUs"
+    votes = [None] * world
+    dist.all_gather_object(votes, ok)
+    if not all(votes):
+        if op.config.rank == 0:
+            print(f"--deepep: skipped, {why or 'deep_ep is not importable on every rank'}", flush=True)
+        return None
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return deepep_normal.DeepEpNormal(dist.group.WORLD, world, args.hidden, args, sms)
+
+
+COMBINE_CALLS = {"default": -1, "push": 1, "pull": 0}  # use_external_inp_buf of each combine row
+
+
 def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: Callable[[], None]) -> list[dict]:
     """The rows of one rank (collective: every rank runs the same calls)."""
     import torch
@@ -115,14 +139,18 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
     )
     op = EpDispatchCombineOp(cfg)
     v2_ops = v2.make_ops(cfg, args)  # --v2: EPv2 ops on the same heap
+    dp = _open_deepep(args, world, op)
 
-    modes = {"0": [True], "1": [False], "both": [True, False]}[args.zero_copy]
+    calls = {"0": ["default", "push"], "1": ["default", "pull"], "both": ["default", "push", "pull"]}[args.zero_copy]
     rows: list[dict] = []
     gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
     for n in tokens:
         idx, x_bf16, w = token_inputs(n, args, gen, dev)
+        inputs = {"idx": idx, "x": x_bf16, "w": w}
         for dname in dtypes:
             x, scales = dtype_inputs(x_bf16, dname, cfg.scale_dim, dev)
+            if dname == "fp8":
+                inputs.update(x8=x, s8=scales)
             launches = [(args.sms or args.dispatch_block_num, args.dispatch_warp_per_block)]
             if args.sweep:
                 launches = [(b, wp) for b in SWEEP_BLOCKS for wp in SWEEP_WARPS]
@@ -137,37 +165,47 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
                     fn, args, sync, kernel="dispatch", dtype=dname, tokens=n, recv=recv,
                     bytes=recv * args.hidden * x.element_size(), blocks=p.block_num, warps=p.warp_per_block, mode="-",
                 ))
-        # combine (bf16), after a bf16 dispatch so the routing state matches
+        # combine (bf16), after a bf16 dispatch so the routing state matches; experts: rows x (rank + 1)
         out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
         torch.cuda.synchronize()
         recv = int(total[0])
-        y = out[: max(recv, 1)].clone()
+        y = (out[: max(recv, 1)].to(torch.float32) * (rank + 1)).to(torch.bfloat16)
         reg = op.get_registered_combine_input_buffer(torch.bfloat16)
-        reg[:recv].copy_(out[:recv])
-        for push in modes:
+        reg[:recv].copy_(y[:recv])
+        inputs.update(y=y, out_w=out_w, recv=recv)
+        for call in calls:
             launches = [(args.sms or args.combine_block_num, args.combine_warp_per_block)]
             if args.sweep:
                 launches = [(b, wp) for b in SWEEP_BLOCKS for wp in SWEEP_WARPS if wp <= 16]
             for bn, wpb in launches:
-                inp = y if push else reg
-                fn = lambda: op.combine(inp, out_w, idx, block_num=bn, warp_per_block=wpb, use_external_inp_buf=int(push))
+                uib = COMBINE_CALLS[call]
+                inp = reg if uib == 0 else y
+                fn = lambda: op.combine(inp, out_w, idx, block_num=bn, warp_per_block=wpb, use_external_inp_buf=uib)
                 fn()
                 p = op._cached_combine_launch
                 rows.append(measure(
                     fn, args, sync, kernel="combine", dtype="bf16", tokens=n, recv=recv, bytes=recv * args.hidden * 2,
-                    blocks=p.block_num, warps=p.warp_per_block, mode="push" if push else "pull",
+                    blocks=p.block_num, warps=p.warp_per_block, mode=f"{call} call, {KERNEL_NAMES[p.mode]} kernel",
                 ))
         op.check_error()
         if n == tokens[0]:
             rows.extend(_host_breakdown(op, x_bf16, w, idx, args, dev))
         rows.extend(extensions.extension_rows(op, cfg, args, n, x_bf16, w, idx, measure, sync))
         rows.extend(v2.rows(v2_ops, args, n, x_bf16, w, idx, measure, sync))
+        if dp is not None:
+            rows.extend(deepep_normal.compare(dp, op, n, inputs, args, sync))
+        rows.extend(tune.rows(op, cfg, args, n, inputs, sync))
         if not args.no_nccl:
             rows.extend(nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev))
     sync()
+    if dp is not None:
+        dp.destroy()
     v2.close(v2_ops)
     op.close()
     return rows
+
+
+KERNEL_NAMES = {0: "pull", 1: "push", 2: "copy-pull", -1: "-"}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -178,7 +216,8 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
     from mori_core.bench.table import print_table
 
     breakdown = {r: [x for x in rows if x.get("table") == "breakdown"] for r, rows in per_rank.items()}
-    per_rank = {r: [x for x in rows if x.get("table") != "breakdown"] for r, rows in per_rank.items()}
+    side = {r: [x for x in rows if x.get("table") in SIDE_TABLES] for r, rows in per_rank.items()}
+    per_rank = {r: [x for x in rows if "table" not in x] for r, rows in per_rank.items()}
     merged = merge_ranks(per_rank)
     name = torch.cuda.get_device_name(0)
     gpus = f"{where.num_gpus}x {name}" + (f" ({where.ranks_per_gpu} ranks per GPU)" if where.shared else "")
@@ -222,12 +261,116 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
                  "the rest of the full call is the Python wrapper (argument checks, cached views, stream lookup)",
         )
     extensions.print_extension_tables(per_rank, f"EP{world} on {gpus}", where)
+    tune.print_tables(side, f"EP{world} on {gpus}")
+    best = deepep_normal.print_tables(side, f"EP{world} on {gpus}") if timed else []
+    if timed:
+        _print_targets(world, best, merged, f"EP{world} on {gpus}")
+    if args.plot:
+        _plot(args.plot, f"EP{world} on {gpus}, hidden {args.hidden}, top-{args.topk} of {args.experts}", merged,
+              deepep_normal.merged_rows(side, "deepep"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"world": world, "device": name, "gpus": where.num_gpus, "ranks_per_gpu": where.ranks_per_gpu,
-                       "args": vars(args), "rows": merged, "per_rank": per_rank, "host_breakdown": breakdown}, f,
-                      indent=1)
+                       "args": vars(args), "rows": merged, "per_rank": per_rank, "host_breakdown": breakdown,
+                       "side_tables": side}, f, indent=1)
     return 0
+
+
+SIDE_TABLES = ("deepep", "deepep_check", "tune")
+# Issue #31's targets: DeepEP's best time / ours, by (EP size, tokens per rank); 128 tokens: every EP size.
+DEEPEP_TARGETS = {(4, 4096): 1.3, (4, 512): 1.3, (2, 4096): 1.4}
+SMALL_BATCH_TARGET = (128, 1.6)
+FP8_COMBINE_TARGET = 1.5  # FP8 combine of the default call vs the best BF16 combine (EP4 x 4096)
+STD_MOE_TARGET = 1.3  # dispatch_standard_moe / 2-D dispatch, 128 tokens (at most)
+
+
+def _print_targets(world: int, best: list[dict], merged: list[dict], title: str) -> None:
+    """The issue's targets next to what this run measured (eager means, mean over ranks)."""
+    from mori_core.bench.table import print_table
+
+    lines = []
+    for b in best:
+        target = DEEPEP_TARGETS.get((world, b["tokens"]))
+        if b["tokens"] == SMALL_BATCH_TARGET[0]:
+            target = SMALL_BATCH_TARGET[1]
+        lines.append([b["tokens"], f"{b['kernel']} vs DeepEP best", f"{b['ratio']:.2f}x",
+                      f">= {target}x" if target else "-", "-" if not target else ("yes" if b["ratio"] >= target else "no")])
+    ext = [m for m in merged if m.get("ext") == "fp8"]
+    for n in sorted({m["tokens"] for m in ext}):
+        bf16 = [m["eager_mean_us"] for m in ext if m["tokens"] == n and m["kernel"] == "combine bf16"]
+        for q in ("fp8_direct_cast", "fp8_blockwise"):
+            fp8 = [m["eager_mean_us"] for m in ext if m["tokens"] == n and m["kernel"] == f"combine {q}" and
+                   m["mode"] == "push"]
+            if bf16 and fp8:
+                ratio = min(bf16) / fp8[0]
+                target = FP8_COMBINE_TARGET if (world, n) == (4, 4096) else None
+                lines.append([n, f"{q} combine (default call) vs best BF16 combine", f"{ratio:.2f}x",
+                              f">= {target}x" if target else "-",
+                              "-" if not target else ("yes" if ratio >= target else "no")])
+    std = {m["kernel"]: m["eager_mean_us"] for m in merged if m.get("ext") == "std" and m["tokens"] == 128}
+    if "dispatch_standard_moe" in std and "dispatch (same op)" in std:
+        ratio = std["dispatch_standard_moe"] / std["dispatch (same op)"]
+        lines.append([128, "dispatch_standard_moe / 2-D dispatch", f"{ratio:.2f}x", f"<= {STD_MOE_TARGET}x",
+                      "yes" if ratio <= STD_MOE_TARGET else "no"])
+    if lines:
+        print_table(title + ": issue #31 targets (DeepEP's bench() means; FP8 and standard-MoE rows: eager means)",
+                    ["tokens", "what", "measured", "target", "met"], lines)
+
+
+def _plot(path: str, title: str, merged: list[dict], deepep_rows: list[dict]) -> None:
+    """Eager time per call against tokens per rank: ours, DeepEP at its best, NCCL (``--plot``)."""
+    import sys
+
+    from mori_core.bench.plot import Panel, PlotUnavailable, write_png
+
+    ours = {(r["kernel"], r["tokens"]): r["mean_us"] for r in deepep_rows if r["lib"] == "ours" and r["sms"] == 0}
+    theirs: dict[tuple[str, int], float] = {}
+    for r in deepep_rows:
+        if r["lib"] == "deepep" and "top-k" not in r["kernel"]:
+            key = (r["kernel"], r["tokens"])
+            theirs[key] = min(theirs.get(key, float("inf")), r["mean_us"])
+
+    def main(kernel: str, dtype: str, mode_prefix: str = "") -> list[tuple[int, float]]:
+        return [(m["tokens"], m["eager_mean_us"]) for m in merged if m["kernel"] == kernel and m["dtype"] == dtype and
+                "ext" not in m and m["mode"].startswith(mode_prefix)]
+
+    def pick(name: str, fallback: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        pts = [(n, t) for (k, n), t in ours.items() if k == name]
+        return pts or fallback
+
+    panels = []
+    for dtype in ("fp8", "bf16"):
+        panel = Panel(f"dispatch {dtype.upper()}", "tokens per rank", "us per call (eager mean)", ylog=True)
+        panel.add("ours", pick(f"dispatch {dtype}", main("dispatch", dtype)))
+        panel.add("DeepEP (best SMs, chunk)", [(n, t) for (k, n), t in theirs.items() if k == f"dispatch {dtype}"], True)
+        if dtype == "bf16":
+            panel.add("NCCL all_to_all_single", main("nccl a2a (dispatch)", "bf16"), True)
+        panels.append(panel)
+    panel = Panel("combine BF16", "tokens per rank", "us per call (eager mean)", ylog=True)
+    for call in ("default", "push", "pull"):
+        name = "combine (default call)" if call == "default" else f"combine {call}"
+        panel.add(f"ours, {call} call", pick(name, main("combine", "bf16", call)))
+    panel.add("DeepEP (best SMs, chunk)", [(n, t) for (k, n), t in theirs.items() if k == "combine"], True)
+    panel.add("NCCL all_to_all_single", main("nccl a2a (combine)", "bf16"), True)
+    panels.append(panel)
+    ext = [m for m in merged if m.get("ext") == "fp8"]
+    panel = Panel("FP8 combine (ours, same run)", "tokens per rank", "us per call (eager mean)", ylog=True)
+    for kernel in ("combine fp8_direct_cast", "combine fp8_blockwise", "combine bf16"):
+        for mode in ("push", "pull"):
+            panel.add(f"{kernel[8:]}, {mode} call",
+                      [(m["tokens"], m["eager_mean_us"]) for m in ext if m["kernel"] == kernel and m["mode"] == mode],
+                      baseline=kernel == "combine bf16")
+    panels.append(panel)
+    std = [m for m in merged if m.get("ext") == "std"]
+    panel = Panel("standard-MoE layout (ours)", "tokens per rank", "us per call (eager mean)", ylog=True)
+    for kernel in ("dispatch_standard_moe", "dispatch (same op)"):
+        panel.add(kernel, [(m["tokens"], m["eager_mean_us"]) for m in std if m["kernel"] == kernel],
+                  baseline=kernel != "dispatch_standard_moe")
+    panels.append(panel)
+    try:
+        print(f"wrote {write_png(path, title, panels)}", flush=True)
+    except (PlotUnavailable, ValueError) as e:
+        print(e, file=sys.stderr)
 
 
 def _best(rows: list[dict]) -> list[dict]:

@@ -166,6 +166,36 @@ def time_eager(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[
     return statistics.median(us), statistics.mean(us), statistics.median(host_ns[1:]) / 1000
 
 
+def bench_like_deepep(fn: Callable[[], Any], warmup: int = 50, tests: int = 50) -> dict:
+    """DeepEP's ``tests/utils.py bench()`` method, for our calls and DeepEP's alike: the L2 cache
+    flushed once (256 MB written) after ``warmup`` calls, then ``tests`` back-to-back calls with a
+    CUDA event pair around each. Returns ``mean_us`` (DeepEP's figure), ``median_us`` and
+    ``min_us`` over all calls but the first, and ``host_us``: the median ``perf_counter`` time of
+    the call itself (the host's share)."""
+    import torch
+
+    torch.cuda.synchronize()
+    cache = torch.empty(int(256e6 // 4), dtype=torch.int32, device="cuda")
+    for _ in range(warmup):
+        fn()
+    cache.zero_()
+    tests = max(2, tests)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(tests)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(tests)]
+    host_ns = []
+    for i in range(tests):
+        starts[i].record()
+        t0 = time.perf_counter_ns()
+        fn()
+        host_ns.append(time.perf_counter_ns() - t0)
+        ends[i].record()
+    torch.cuda.synchronize()
+    us = [s.elapsed_time(e) * 1000 for s, e in zip(starts, ends)][1:]
+    del cache
+    return dict(mean_us=statistics.mean(us), median_us=statistics.median(us), min_us=min(us),
+                host_us=statistics.median(host_ns[1:]) / 1000)
+
+
 def time_graph(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], None]) -> Optional[float]:
     """Median microseconds per op of ``fn`` (one launch), captured ``ops_per_graph`` times;
     None with ``--no-graph``."""

@@ -8,8 +8,10 @@ methods. That first call is collective (every rank, same order, like creating an
 synchronises; later calls launch kernels only (CUDA-graph capturable).
 
 * ``dispatch`` = one plan kernel (ranks this rank's tokens per expert, publishes the per-expert
-  counts to every rank) + the dispatch kernel in standard-MoE mode, which stores each row straight
-  to its final ``[expert, row]`` position on the destination (no 2-D pass).
+  counts to every rank) + the dispatch kernel in standard-MoE mode (each row crosses the link once
+  per destination rank, as in a plain dispatch, with its position among this rank's rows of each
+  of the destination's experts) + an expand kernel on the receiving side (a local copy of each
+  row to its final ``[expert, row]`` positions).
 * ``combine`` = the push combine kernel in standard-MoE mode: while pushing a received token back it
   sums the token's expert rows weighted by its gating weights (no separate conversion pass), then
   reduces over ranks as ``combine``.
@@ -33,7 +35,7 @@ from mori_core.ops.engines.gpu_common import byte_views
 from mori_core.ops.errors import EpOpError
 from mori_core.ops.launch_config import LaunchParams
 from mori_core.ops.standard_moe_layout import StdOutputs, check_packed_input, check_unused_weights, tokens_per_expert
-from mori_core.ops.validation import COMBINE_DTYPE_CODES, COMBINE_DTYPES, DISPATCH_DTYPES, check_dispatch_args
+from mori_core.ops.validation import COMBINE_DTYPE_CODES, COMBINE_DTYPES, DISPATCH_DTYPES
 
 Plan = Callable[[str, int, int, int], LaunchParams]
 
@@ -50,6 +52,7 @@ class IntraNodeStandardMoe:
         self._failure = failure
         self._stream_of = stream_handle_getter()
         self._bufs: Optional[dict] = None
+        self._views: dict[tuple[torch.dtype, int], StdOutputs] = {}
         self._scale_dtype: Optional[torch.dtype] = None
 
     # ------------------------------------------------------------------ buffers
@@ -64,14 +67,19 @@ class IntraNodeStandardMoe:
         return self._bufs
 
     def _outputs(self, dtype: torch.dtype, hidden: int) -> StdOutputs:
-        cfg, bufs = self.config, self._bufs
-        E, T = cfg.num_experts_per_rank, tokens_per_expert(cfg)
-        return (
-            typed_view(bufs["packed_x"], dtype, E * T, hidden).view(E, T, hidden),
-            bufs["packed_count"].view(torch.int32)[:E],
-            bufs["packed_src_info"].view(torch.int32)[: E * T].view(E, T),
-            bufs["layout_range"].view(torch.int64)[: E * cfg.world_size].view(E, cfg.world_size),
-        )
+        """The 3-D outputs viewed as ``dtype`` rows of ``hidden`` (built once per key: views cost
+        microseconds each, a call's whole host budget)."""
+        out = self._views.get((dtype, hidden))
+        if out is None:
+            cfg, bufs = self.config, self._bufs
+            E, T = cfg.num_experts_per_rank, tokens_per_expert(cfg)
+            out = self._views[(dtype, hidden)] = (
+                typed_view(bufs["packed_x"], dtype, E * T, hidden).view(E, T, hidden),
+                bufs["packed_count"].view(torch.int32)[:E],
+                bufs["packed_src_info"].view(torch.int32)[: E * T].view(E, T),
+                bufs["layout_range"].view(torch.int64)[: E * cfg.world_size].view(E, cfg.world_size),
+            )
+        return out
 
     def _stream(self) -> int:
         return self._stream_of(self.device.index)
@@ -85,33 +93,28 @@ class IntraNodeStandardMoe:
 
     # ------------------------------------------------------------------ dispatch side
     def dispatch(self, input: torch.Tensor, weights: Optional[torch.Tensor], scales: Optional[torch.Tensor],
-                 indices: torch.Tensor, block_num: int, warp_per_block: int, plan: Plan) -> tuple[int, StdOutputs]:
-        """``dispatch_standard_moe``; returns (tokens dispatched, the op's 3-D outputs)."""
-        cfg = self.config
-        args = check_dispatch_args(cfg, input, weights, scales, indices, device=self.device, allowed_dtypes=DISPATCH_DTYPES)
-        row_bytes = args.hidden_dim * input.element_size()
-        if row_bytes % 16:
-            raise ValueError(f"input rows must be a multiple of 16 bytes, got hidden {args.hidden_dim} x {input.element_size()} B")
+                 indices: torch.Tensor, num_tokens: int, row_bytes: int, plan: LaunchParams) -> StdOutputs:
+        """``dispatch_standard_moe`` of arguments the op has validated (``scales`` None when none
+        travel); returns the op's 3-D outputs (views built once per dtype and hidden size)."""
         bufs = self._ensure()
-        # Sized as a dispatch of tokens x topk rows: every token is stored once per local expert.
-        p = plan("dispatch", args.num_tokens * cfg.num_experts_per_token, block_num, warp_per_block)
         self._launch(
             self._handle.launch_dispatch_standard_moe,
             input.data_ptr(),
             row_bytes,
-            args.num_tokens,
+            num_tokens,
             # Non-zero whenever weights were given, also for 0 tokens, whose empty tensor has address 0:
             # receivers weight the rows they get only if the sender's call carried weights. The
             # kernel reads no weights for 0 tokens, so any valid buffer of the op stands in.
-            (weights.data_ptr() or bufs["packed_count"].data_ptr()) if args.has_weights else 0,
-            scales.data_ptr() if args.has_scales else 0,
+            0 if weights is None else (weights.data_ptr() or bufs["packed_count"].data_ptr()),
+            0 if scales is None else scales.data_ptr(),
             indices.data_ptr(),
-            p.block_num,
-            p.warp_per_block,
+            plan.block_num,
+            plan.warp_per_block,
             self._stream(),
         )
-        self._scale_dtype = scales.dtype if args.has_scales else None
-        return args.num_tokens, self._outputs(input.dtype, args.hidden_dim)
+        if scales is not None:
+            self._scale_dtype = scales.dtype
+        return self._outputs(input.dtype, row_bytes // input.element_size())
 
     def convert_dispatch_output(self, x: torch.Tensor, ids: torch.Tensor, dispatch_tokens: int, block_num: int,
                                 warp_per_block: int, plan: Plan) -> StdOutputs:

@@ -1,0 +1,175 @@
+"""CPU tests of what issue #31 added around the IntraNode kernels: the combine-kernel choice, the
+benchmark's DeepEP baseline helpers (without DeepEP or a GPU) and the PNG plot module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+import torch
+
+from mori_core.bench import plot
+from mori_core.bench.ep import deepep_normal
+from mori_core.ops.launch_config import (
+    COMBINE_ALGO_ENV,
+    COMBINE_MODES,
+    LaunchParams,
+    combine_algorithm_override,
+    combine_mode,
+    combine_table_kernel,
+)
+
+PUSH, PULL, COPY_PULL = COMBINE_MODES["push"], COMBINE_MODES["pull"], COMBINE_MODES["copy_pull"]
+
+
+def test_combine_mode_auto_forced_and_table() -> None:
+    # auto: FP8 always pushes (the pull kernel quantises, then reads: two passes); BF16 follows the call
+    assert combine_mode(True, 0) == PUSH and combine_mode(False, 0) == PULL
+    for quant in (1, 2):
+        assert combine_mode(True, quant) == PUSH and combine_mode(False, quant) == PUSH
+    # forced: a push call on the pull kernel copies its rows into the registered buffer first
+    assert combine_mode(True, 0, "pull") == COPY_PULL and combine_mode(False, 2, "pull") == PULL
+    assert combine_mode(False, 0, "push") == PUSH
+    assert combine_table_kernel(PUSH) == "combine_push"
+    assert combine_table_kernel(PULL) == combine_table_kernel(COPY_PULL) == "combine_pull"
+    assert LaunchParams(80, 8) == LaunchParams(80, 8, -1)  # mode defaults to "not a combine"
+
+
+def test_combine_algorithm_override_reads_and_checks_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(COMBINE_ALGO_ENV, raising=False)
+    assert combine_algorithm_override() == "auto"
+    monkeypatch.setenv(COMBINE_ALGO_ENV, " PULL ")
+    assert combine_algorithm_override() == "pull"
+    monkeypatch.setenv(COMBINE_ALGO_ENV, "scatter")
+    with pytest.raises(ValueError, match=f"{COMBINE_ALGO_ENV}='scatter' must be auto, push or pull"):
+        combine_algorithm_override()
+
+
+def test_deepep_is_optional(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "deep_ep", None)  # import deep_ep -> ImportError
+    ok, why = deepep_normal.available()
+    assert not ok and "deep_ep is not importable" in why
+
+
+def test_deepep_row_keys_follow_its_layout() -> None:
+    """DeepEP receives rows grouped by source rank (rank_prefix_matrix[s][rank] = rows from sources
+    <= s) with their source token (recv_src_idx); keys = source rank * stride + token."""
+    rank, stride = 1, 100
+    prefix = torch.tensor([[0, 2, 0], [0, 2, 0], [0, 5, 0]], dtype=torch.int32)  # rank 1: 2 rows from 0, 3 from 2
+    src_idx = torch.tensor([4, 9, 0, 3, 7], dtype=torch.int32)
+    handle = (prefix, None, None, src_idx, None, None)
+    keys = deepep_normal._deepep_keys(handle, rank, stride)
+    assert keys.tolist() == [4, 9, 200, 203, 207]
+    rows = torch.arange(5)
+    assert deepep_normal._sorted_rows(torch.tensor([3, 1, 2, 0, 4]), rows).tolist() == [3, 1, 2, 0, 4]
+
+
+def test_deepep_comparison_pairs_each_call_with_the_best_setting() -> None:
+    def row(lib: str, kernel: str, sms: int, us: float, tokens: int = 128) -> dict:
+        return dict(lib=lib, kernel=kernel, sms=sms, mean_us=us, tokens=tokens, chunk=8)
+
+    rows = [row("ours", "dispatch bf16", 0, 20.0), row("ours", "combine push", 0, 30.0),
+            row("ours", "dispatch bf16", 24, 25.0),  # SM for SM: not a "best vs best" row
+            row("deepep", "dispatch bf16", 24, 50.0), row("deepep", "dispatch bf16", 48, 40.0),
+            row("deepep", "dispatch bf16 (with top-k)", 48, 45.0), row("deepep", "combine", 24, 60.0)]
+    best = {(b["kernel"]): b for b in deepep_normal.ours_vs_best(rows)}
+    assert set(best) == {"dispatch bf16", "combine push"}
+    assert best["dispatch bf16"]["deepep"]["sms"] == 48 and best["dispatch bf16"]["ratio"] == pytest.approx(2.0)
+    assert best["dispatch bf16"]["deepep_topk"]["mean_us"] == 45.0
+    assert best["combine push"]["ratio"] == pytest.approx(2.0) and best["combine push"]["deepep_topk"] is None
+
+
+def test_bench_ep_options_parse() -> None:
+    from mori_core.bench import ep
+
+    p = argparse.ArgumentParser()
+    ep.add_arguments(p)
+    args = p.parse_args(["--deepep", "--deepep-sms", "24,132", "--tune", "--tune-tokens", "4096", "--plot", "x.png"])
+    assert args.deepep and args.deepep_sms == "24,132" and args.tune and args.plot == "x.png"
+    assert p.parse_args([]).deepep_dispatch_chunks == deepep_normal.DEFAULT_DISPATCH_CHUNKS
+
+
+def test_plot_panels_drop_missing_points_and_need_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    panel = plot.Panel("dispatch", "tokens", "us")
+    panel.add("ours", [(512, 30.0), (128, 20.0), (4096, None), (1024, float("nan"))])
+    panel.add("nothing", [(128, None)])
+    assert [(s.label, s.xs, s.ys) for s in panel.series] == [("ours", [128.0, 512.0], [20.0, 30.0])]
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plot.write_png(str(tmp_path / "a.png"), "t", [plot.Panel("empty", "x", "y")])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(plot.PlotUnavailable, match="pip install matplotlib"):
+        plot.write_png(str(tmp_path / "a.png"), "t", [panel])
+
+
+def test_plot_writes_a_png(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    panel = plot.Panel("combine", "tokens", "us", ylog=True)
+    panel.add("ours", [(128, 20.0), (4096, 400.0)])
+    panel.add("DeepEP", [(128, 40.0), (4096, 500.0)], baseline=True)
+    path = plot.write_png(str(tmp_path / "ep.png"), "EP4", [panel, plot.Panel("empty", "x", "y")])
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _timing(us: float) -> dict:
+    return dict(eager_us=us, eager_mean_us=us, host_us=5.0, us=us, graph_us=None)
+
+
+def _rank_rows(rank: int) -> list[dict]:
+    """Rows shaped as one rank of `bench ep --fp8-combine --std-moe --deepep --tune` puts them."""
+    n, h = 128, 7168
+    base = dict(tokens=n, recv=400, bytes=400 * h * 2, blocks=32, warps=4)
+    rows = [dict(base, kernel="dispatch", dtype=d, mode="-", **_timing(20.0)) for d in ("fp8", "bf16")]
+    rows += [dict(base, kernel="combine", dtype="bf16", mode=f"{c} call, push kernel", **_timing(25.0))
+             for c in ("default", "push", "pull")]
+    rows += [dict(table="breakdown", part="op.dispatch (full Python call)", tokens=n, host_us=3.0)]
+    for kernel, us in (("combine bf16", 25.0), ("combine fp8_direct_cast", 15.0), ("combine fp8_blockwise", 16.0)):
+        for mode in ("push", "pull"):
+            rows.append(dict(base, kernel=kernel, dtype="bf16", mode=mode, ext="fp8", link_bytes=1e6, crossing=300,
+                             speedup=1.0, rel_err=0.02, max_err=0.1, **_timing(us)))
+    rows += [dict(base, kernel=k, dtype="bf16", mode="std", ext="std", **_timing(us))
+             for k, us in (("dispatch (same op)", 20.0), ("dispatch_standard_moe", 24.0))]
+    t = dict(table="deepep", tokens=n, median_us=1.0, min_us=1.0, host_us=20.0)
+    for kernel, us in (("dispatch fp8", 20.0), ("dispatch bf16", 20.0), ("combine (default call)", 25.0),
+                       ("combine push", 25.0), ("combine pull", 26.0)):
+        rows.append(dict(t, lib="ours", kernel=kernel, sms=0, mean_us=us))
+    for kernel in ("dispatch bf16", "dispatch fp8", "combine"):
+        for sms in (24, 132):
+            rows.append(dict(t, lib="deepep", kernel=kernel, sms=sms, chunk=8, mean_us=40.0 + rank))
+            rows.append(dict(t, lib="ours", kernel="combine (default call)" if kernel == "combine" else kernel,
+                             sms=sms, mean_us=30.0))
+    rows += [dict(t, lib="deepep", kernel="dispatch bf16 (with top-k)", sms=24, chunk=8, mean_us=50.0),
+             dict(table="deepep_check", tokens=n, what="combine output (bf16)", equal=True, max_abs_diff=0.0),
+             dict(table="tune", tokens=n, kernel="combine bf16", call="push", algo="push", blocks=32, warps=4,
+                  mean_us=24.0, median_us=24.0, min_us=23.0, host_us=5.0)]
+    rows += [dict(base, kernel="nccl a2a (dispatch)", dtype="bf16", mode="-", **_timing(30.0))]
+    return rows
+
+
+def test_ep_report_tables_targets_and_plot(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                           tmp_path) -> None:
+    from mori_core.bench import ep
+    from mori_core.bench.ep import intranode
+    from mori_core.placement import placement
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "FakeGPU")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    p = argparse.ArgumentParser()
+    ep.add_arguments(p)
+    png = tmp_path / "ep.png"
+    args = p.parse_args(["--plot", str(png), "--json", str(tmp_path / "ep.json")])
+    assert intranode.report({0: _rank_rows(0), 1: _rank_rows(1)}, args, 2, placement(2)) == 0
+    out = capsys.readouterr()
+    assert "ours vs DeepEP at its best" in out.out and "SM for SM" in out.out and "launch sweep" in out.out
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in out.out.splitlines() if line.startswith("|")]
+    # 128 tokens: DeepEP's best is 40.5 us (mean over ranks) against our 20 us (dispatch) and 26 us (pull)
+    assert ["128", "dispatch bf16 vs DeepEP best", "2.02x", ">= 1.6x", "yes"] in cells
+    assert ["128", "combine pull vs DeepEP best", "1.56x", ">= 1.6x", "no"] in cells
+    assert ["128", "dispatch_standard_moe / 2-D dispatch", "1.20x", "<= 1.3x", "yes"] in cells
+    assert ["128", "combine output (bf16)", "yes", "0"] in cells
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "--plot needs matplotlib" in out.err
+    else:
+        assert png.read_bytes()[:4] == b"\x89PNG"
