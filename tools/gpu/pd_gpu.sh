@@ -36,12 +36,12 @@ rc=0
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 1 ] && want=1; echo "$want"; }
 record() { NAMES+=("$1"); RCS+=("$2"); SECS+=("$3"); [ "$2" = 0 ] || rc=1; }
-PYTEST="$PY -m pytest -q -rfs -p no:cacheprovider --timeout 60"
+PYTEST="$PY -m pytest -v --tb=short -rfs -p no:cacheprovider --timeout 60"  # -v: a killed run still shows each result
 
 # ---- A: correctness, GPUs 0,1 and GPUs 2,3 at the same time
 tA=$(date +%s)
 if [ "$ngpu" -ge 4 ]; then
-  capA=$(cap 52)
+  capA=$(cap 55)
   (CUDA_VISIBLE_DEVICES=0,1 timeout "$capA" $PYTEST tests/io/test_gpu_io_batch.py tests/io/test_gpu_io.py \
      -k "not four_gpus and not two_gpus_into_two_others and not tcp_backend and not 1gpu" \
      > "$OUT/pd_gpu_A_io.log" 2>&1; echo $? > "$OUT/pd_gpu_A_io.rc") &
@@ -63,7 +63,7 @@ else  # 2 GPUs: one after the other
   timeout "$(cap 25)" $PYTEST -s tests/integrations/sglang/test_gpu_pd_transfer.py >> "$OUT/pd_gpu_A_pd.log" 2>&1
   record "A SGLang PD tests" $? $(( $(date +%s) - tA ))
 fi
-for f in pd_gpu_A_io pd_gpu_A_pd; do echo "--- $f"; grep -E "passed|failed|error|FAILED|ERROR" "$OUT/$f.log" | tail -n 8; done
+for f in pd_gpu_A_io pd_gpu_A_pd; do echo "--- $f"; grep -E " passed| failed| error|FAILED|ERROR|Timeout" "$OUT/$f.log" | tail -n 12; done
 
 # ---- B: correctness on 4 GPUs
 if [ "$ngpu" -ge 4 ]; then
@@ -71,18 +71,18 @@ if [ "$ngpu" -ge 4 ]; then
   timeout "$(cap 28)" $PYTEST tests/io/test_gpu_io_batch.py tests/integrations/sglang/test_gpu_pd_transfer.py \
     -k "four_gpus or two_gpus_into_two_others" > "$OUT/pd_gpu_B.log" 2>&1
   record "B 4-GPU tests" $? $(( $(date +%s) - tB ))
-  echo "--- pd_gpu_B"; grep -E "passed|failed|error|FAILED|ERROR" "$OUT/pd_gpu_B.log" | tail -n 6
+  echo "--- pd_gpu_B"; grep -E " passed| failed| error|FAILED|ERROR|Timeout" "$OUT/pd_gpu_B.log" | tail -n 8
 fi
 
 # ---- C1: the PD request benchmark (vLLM WRITE / READ / pipelined, SGLang chunk) beside Tensor.copy_
 tC=$(date +%s)
-timeout "$(cap 40)" $PY -m mori_core.bench vllm-pd --agents --device cuda --iters 20 --warmup 3 --block-order both \
+timeout "$(cap 38)" $PY -m mori_core.bench vllm-pd --agents --device cuda --iters 20 --warmup 3 --block-order both \
   --breakdown --engine-env "MORI_IO_XGMI_KERNEL_MAX_AVG_BYTES=64M" > "$OUT/pd_gpu_bench_pd.md" 2>&1
 record "C1 bench vllm-pd --agents (vLLM + SGLang)" $? $(( $(date +%s) - tC ))
 
 # ---- C2: many-piece IO rows beside copy-engine baselines, breakdown, kernel-setting sweep
 tC=$(date +%s)
-timeout "$(cap 40)" $PY -m mori_core.bench io --backend xgmi --op write --sizes '' --large '' \
+timeout "$(cap 32)" $PY -m mori_core.bench io --backend xgmi --op write --sizes '' --large '' \
   --pieces 8192x32K,64x8K,64x128K --iters 20 --warmup 3 --breakdown --xgmi-sweep --no-progress \
   > "$OUT/pd_gpu_bench_io.md" 2>&1
 record "C2 bench io --pieces (+ sweep)" $? $(( $(date +%s) - tC ))

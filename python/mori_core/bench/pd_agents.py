@@ -137,7 +137,9 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
             torch.cuda._sleep(cycles)
             agent.producer.on_layer_saved(name, view)
         agent.producer.end_step(any_kv)
-        torch.cuda.synchronize()
+        # The forward's stream only: a device-wide synchronize would also wait for the KV copies
+        # (the engine's streams do not block on it, nor it on them).
+        torch.cuda.current_stream().synchronize()
         return time.perf_counter_ns()
 
     def recv_wait(arg: Any) -> tuple:

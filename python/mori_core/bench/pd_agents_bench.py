@@ -283,6 +283,8 @@ def run_agents(args: argparse.Namespace) -> int:
         for order in orders:
             for v, (_, setting) in zip(vllm, settings):
                 for mode in modes:
+                    if mode == "pipelined" and setting != "default":
+                        continue  # extra engine settings: the whole-request rows only
                     r = v.run(mode, order, args.iters, args.warmup, args.breakdown and setting == "default")
                     nbytes = r["nbytes"]
                     what = {"write": "WRITE", "read": "READ",
@@ -290,7 +292,7 @@ def run_agents(args: argparse.Namespace) -> int:
                     # Pipelined: the engine time spans the forward; what counts is the tail after it.
                     engine = median(r["engine"]) if mode != "pipelined" else None
                     rows.append([f"vLLM MoriSuiteConnector {what} ({r['route']})", order, setting, engine,
-                                 median(r["request"])])
+                                 median(r["request"]), r["nbytes"]])
                     if r["phases"]:
                         table = {"write": _WRITE_PHASES, "read": _READ_PHASES, "pipelined": _PIPELINED_PHASES}[mode]
                         phase_rows += _phase_rows(f"{mode}, {order}", r["phases"], table)
@@ -299,7 +301,7 @@ def run_agents(args: argparse.Namespace) -> int:
                 nbytes = nbytes or r["nbytes"][0]
                 engine_ms = [a + b for a, b in zip(r["submit"], r["wait"])]
                 rows.append([f"SGLang PD chunk, one batch_write ({r['route']})", order, "default", median(engine_ms),
-                             median(r["chunk"])])
+                             median(r["chunk"]), r["nbytes"][0]])
                 sg_rows.append([order, r["pairs"][0], r["segments"][0], median(r["plan"]), median(r["submit"]),
                                 median(r["wait"]), median(r["chunk"])])
     finally:
@@ -309,9 +311,9 @@ def run_agents(args: argparse.Namespace) -> int:
     base = _plain_copy_ms(nbytes, devices, args.iters)
     plain = "memcpy" if devices[0] == "cpu" else f"Tensor.copy_ {devices[0]} -> {devices[1]}"
     table = []
-    for path, order, setting, engine, request in rows:
+    for path, order, setting, engine, request, moved in rows:
         table.append([path, order, setting, "-" if engine is None else engine, request,
-                      "-" if engine is None else nbytes / engine / 1e6,
+                      "-" if engine is None else moved / engine / 1e6,
                       "-" if engine is None else engine / base, request / base])
     table.append([f"plain copy in one process ({plain})", "-", "-", base, base, nbytes / base / 1e6, 1.0, 1.0])
     kind = ("host memory" if devices[0] == "cpu" else
