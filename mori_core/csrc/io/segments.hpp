@@ -32,9 +32,9 @@ std::string CheckRangeInRegion(uint64_t offset, uint64_t size, uint64_t regionSi
 
 // Drops empty segments and merges each segment into the one before it when
 // it continues it in both regions. The order given is kept: planners emit
-// segments in address order already, and sorting a batch of 8,192 segments
-// costs 0.2-0.5 ms of host time per call (more than the GPU needs to move
-// them). Linear in the number of segments.
+// segments in address order already, and a stable sort of 8,192 segments
+// took 0.5-0.8 ms of host time per call on the 2-core development VM (about
+// what the GPU needs to move 256 MiB). Linear in the number of segments.
 SegmentList MergeContiguous(SegmentList segs);
 
 uint64_t TotalBytes(const SegmentList& segs);
