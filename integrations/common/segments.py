@@ -48,9 +48,9 @@ class TransferBatch:
     sizes: List[List[int]] = dataclasses.field(default_factory=list)
 
     def add(self, local: MemoryDesc, remote: MemoryDesc, segments: Segments) -> None:
-        """Queue ``segments`` between ``local`` and ``remote`` (empty segment lists are dropped)."""
+        """Queue ``segments`` (lists or int64 arrays) between ``local`` and ``remote`` (empty ones are dropped)."""
         lo, ro, sz = segments
-        if not sz:
+        if len(sz) == 0:
             return
         self.local.append(local)
         self.local_offsets.append(lo)
@@ -60,7 +60,7 @@ class TransferBatch:
 
     @property
     def nbytes(self) -> int:
-        return sum(sum(s) for s in self.sizes)
+        return sum(int(np.sum(s)) for s in self.sizes)
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -96,26 +96,34 @@ def index_runs(src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> Tuple[
 
 
 def contiguous_segments(
-    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], src_item_len: int, dst_item_len: int
+    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], src_item_len: int, dst_item_len: int,
+    *, as_lists: bool = True,
 ) -> Segments:
-    """Whole items (pages or state slots) copied index to index."""
+    """Whole items (pages or state slots) copied index to index (int64 arrays with ``as_lists=False``)."""
     if src_item_len != dst_item_len:
         raise PlanError(f"item sizes differ: source {src_item_len} B, destination {dst_item_len} B")
     s, d, n = index_runs(src, dst)
-    return (s * src_item_len).tolist(), (d * dst_item_len).tolist(), (n * src_item_len).tolist()
+    out = (s * src_item_len, d * dst_item_len, n * src_item_len)
+    return tuple(a.tolist() for a in out) if as_lists else out  # type: ignore[return-value]
 
 
 def merge_adjacent(
-    local: npt.NDArray[np.int64], remote: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+    local: npt.NDArray[np.int64], remote: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64],
+    *, as_lists: bool = True,
 ) -> Segments:
-    """Join consecutive segments that continue each other on both sides (order is kept)."""
+    """Join consecutive segments that continue each other on both sides (order is kept).
+
+    Returns lists, or int64 arrays with ``as_lists=False`` (the engine reads arrays in one copy).
+    """
     if sizes.size == 0:
-        return [], [], []
+        return ([], [], []) if as_lists else (local[:0], remote[:0], sizes[:0])
     ends_l = local[:-1] + sizes[:-1]
     ends_r = remote[:-1] + sizes[:-1]
     breaks = np.flatnonzero((ends_l != local[1:]) | (ends_r != remote[1:])) + 1
     starts = np.concatenate(([0], breaks))
     totals = np.add.reduceat(sizes, starts)
+    if not as_lists:
+        return local[starts], remote[starts], totals
     return local[starts].tolist(), remote[starts].tolist(), totals.tolist()
 
 

@@ -8,7 +8,8 @@ Pure functions over numbers (no I/O), so every layout rule is testable alone:
 * MHA with different prefill/decode TP: a page holds ``page_size`` tokens of
   ``[heads, head_dim]``; each token's head slice is one segment.
 * One chunk's writes, over every region pair and peer, are collected in a
-  :class:`WriteBatch` and submitted with a single ``batch_write`` call.
+  :class:`WriteBatch` and submitted with a single ``batch_write`` call. Page
+  segments are int64 arrays (the engine reads an array with one copy).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def head_slice_segments(
     dst_item_len: int,
     heads: HeadSlice,
 ) -> Segments:
-    """Per-token head slices from prefill pages into decode pages (MHA, TP mismatch)."""
+    """Per-token head slices from prefill pages into decode pages (MHA, TP mismatch), as int64 arrays."""
     if src.size != dst.size:
         raise PlanError(f"{src.size} prefill pages but {dst.size} decode pages")
     head_len = src_item_len // (page_size * heads.src_heads)
@@ -77,12 +78,13 @@ def head_slice_segments(
     if heads.src_head_start + heads.num_heads > heads.src_heads or heads.dst_head_start + heads.num_heads > heads.dst_heads:
         raise PlanError(f"head slice {heads} exceeds the heads of a page")
     if heads.num_heads == heads.src_heads == heads.dst_heads:
-        return contiguous_segments(src, dst, src_item_len, dst_item_len)
+        return contiguous_segments(src, dst, src_item_len, dst_item_len, as_lists=False)
     slots = np.arange(page_size, dtype=np.int64)
+    src, dst = src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False)
     local = src[:, None] * src_item_len + slots * (heads.src_heads * head_len) + heads.src_head_start * head_len
     remote = dst[:, None] * dst_item_len + slots * (heads.dst_heads * head_len) + heads.dst_head_start * head_len
     size = heads.num_heads * head_len
-    return local.ravel().tolist(), remote.ravel().tolist(), [size] * int(local.size)
+    return local.ravel(), remote.ravel(), np.full(local.size, size, dtype=np.int64)
 
 
 def pair_entries(

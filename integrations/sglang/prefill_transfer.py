@@ -5,6 +5,12 @@ room go to one shard queue (``room % shards``), so they stay in order while
 different rooms transfer concurrently. A worker waits for its chunk with a
 bounded deadline; completion of the last chunk is reported to decode through
 SGLang's ``conclude_transfer`` (which never reports for MLA dummy ranks).
+
+The data path of a chunk, :meth:`PrefillTransferMixin._write_chunk` (plan every layer's
+K and V, state and aux of every decode target, one ``batch_write``, bounded wait), needs
+no SGLang import: the GPU test and the benchmark drive it between two GPUs on a machine
+without SGLang. Segments travel as int64 arrays; the engine moves all GPU pairs of the
+batch (64 per-layer K/V buffers of a 32-layer model) with one launch.
 """
 
 from __future__ import annotations
@@ -136,29 +142,17 @@ class PrefillTransferMixin:
         room = chunk.room
         if self._room_inactive(room):
             return
-        if chunk.wait_event is not None:  # early send: KV still being computed on the GPU
-            chunk.wait_event.synchronize()
-        if chunk.indices_event is not None:  # page indices still being copied to the host
-            chunk.indices_event.synchronize()
+        self._await_chunk_inputs(chunk)
         targets = self._claim_targets(room)
         if targets is None:
             return
         if not targets:
             self.conclude_failure(bootstrap_room=room, failure_reason="destination metadata of the request vanished")
             return
-        failure: Optional[str] = None
         quiescent = True
         self._outstanding_begin(room)
         try:
-            batch = self._plan_chunk(chunk, targets)
-            statuses = batch.submit(self.engine)
-            failure, quiescent = self._await_statuses(statuses)
-            self.bytes_sent += batch.nbytes if failure is None else 0
-        except PlanError as e:
-            failure = f"KV layout of prefill and decode cannot be paired: {e}"
-        except Exception as e:
-            logger.exception("mori-suite transfer submission failed for room %s", room)
-            failure = f"transfer submission failed: {e!r}"
+            failure, quiescent = self._write_chunk(chunk, targets)
         finally:
             if not quiescent:
                 # Writes may still land in decode pages: never ack an ABORT for this room,
@@ -170,6 +164,34 @@ class PrefillTransferMixin:
             self.conclude_failure(bootstrap_room=room, failure_reason=failure)
         elif chunk.is_last_chunk and not self._room_inactive(room):
             self.conclude_transfer(bootstrap_room=room, status=KVPoll.Success)
+
+    @staticmethod
+    def _await_chunk_inputs(chunk: "TransferKVChunk") -> None:
+        """Wait for what an early send still computes on the GPU (the KV, the page indices)."""
+        if chunk.wait_event is not None:  # early send: KV still being computed on the GPU
+            chunk.wait_event.synchronize()
+        if chunk.indices_event is not None:  # page indices still being copied to the host
+            chunk.indices_event.synchronize()
+
+    def _write_chunk(
+        self, chunk: "TransferKVChunk", targets: List[Tuple[RoomTarget, Optional[DecodePeer]]]
+    ) -> Tuple[Optional[str], bool]:
+        """Plan, submit (one ``batch_write``) and wait for one chunk's writes to every target.
+
+        Returns ``(failure reason or None, quiescent)``; ``quiescent`` is False only when the
+        wait's bound passed with writes still in flight. Adds the bytes to ``bytes_sent``.
+        """
+        try:
+            batch = self._plan_chunk(chunk, targets)
+            statuses = batch.submit(self.engine)
+            failure, quiescent = self._await_statuses(statuses)
+            self.bytes_sent += batch.nbytes if failure is None else 0
+            return failure, quiescent
+        except PlanError as e:
+            return f"KV layout of prefill and decode cannot be paired: {e}", True
+        except Exception as e:
+            logger.exception("mori-suite transfer submission failed for room %s", chunk.room)
+            return f"transfer submission failed: {e!r}", True
 
     def _await_statuses(self, statuses: List[TransferStatus]) -> Tuple[Optional[str], bool]:
         """(failure reason or None, whether every write has stopped) within the transfer timeout."""
@@ -226,7 +248,7 @@ class PrefillTransferMixin:
             segments = cache.get(key)
             if segments is None:
                 if peer.head_slice is None:
-                    segments = contiguous_segments(src, dst, *key)
+                    segments = contiguous_segments(src, dst, *key, as_lists=False)
                 else:
                     segments = head_slice_segments(src, dst, self.kv_args.page_size, key[0], key[1], peer.head_slice)
                 cache[key] = segments

@@ -39,8 +39,9 @@ from mori_integrations.vllm.kv_connector.messages import (
 )
 from mori_integrations.vllm.kv_connector.metadata import PeerAddress
 from mori_integrations.vllm.kv_connector.peer_watch import Address, PeerWatch
-from mori_integrations.vllm.kv_connector.planner import pair_blocks, plan_layer
+from mori_integrations.vllm.kv_connector.planner import LayerPlanner, pair_blocks
 from mori_integrations.vllm.kv_connector.stats import TransferCounters
+from mori_integrations.vllm.kv_connector.trace import PhaseTrace
 
 __all__ = ["AgentIdentity", "Peer", "TransferAgent", "pair_blocks"]
 
@@ -115,6 +116,10 @@ class TransferAgent:
         self.ctx = zmq.Context()
         layout = describe_kv_caches(kv_caches, layer_groups, num_blocks)
         self.layers = layout.layers
+        self._layer_names = [layer.name for layer in self.layers]
+        self._local_layers = {layer.name: layer for layer in self.layers}
+        self.planner = LayerPlanner()
+        self.trace = PhaseTrace()
         self._kv_caches = dict(kv_caches)  # keep the registered memory alive
         gpu = any(r.device_index >= 0 for r in layout.regions)
         self.engine_key = (
@@ -327,22 +332,27 @@ class TransferAgent:
         batch = TransferBatch()
         if not head_pairs:
             return batch
-        names = layer_names if layer_names is not None else [layer.name for layer in self.layers]
-        local_layers = {layer.name: layer for layer in self.layers}
+        names = layer_names if layer_names is not None else self._layer_names
+        # One segment list per (local region, remote region, KV cache group): every layer of a
+        # region pair goes to the engine as one batch entry (one launch for the whole request).
+        grouped: Dict[Tuple[int, int, int], List[Tuple[LayerLayout, LayerLayout]]] = {}
         for name in names:
-            local = local_layers[name]
+            local = self._local_layers[name]
             remote = peer.layers.get(name)
             if remote is None:
                 raise PlanError(f"the peer has no KV cache layer {name} (different model or pipeline split?)")
             if local.group >= len(blocks):
                 continue
-            local_blocks, remote_blocks = blocks[local.group]
+            pair = (local, remote) if local_is_source else (remote, local)
+            grouped.setdefault((local.region, remote.region, local.group), []).append(pair)
+        for (local_region, remote_region, group), layer_pairs in grouped.items():
+            local_blocks, remote_blocks = blocks[group]
             if local_is_source:
-                segs = plan_layer(local, remote, local_blocks, remote_blocks, head_pairs)
+                segs = self.planner.plan(layer_pairs, local_blocks, remote_blocks, head_pairs)
             else:
-                remote_off, local_off, sizes = plan_layer(remote, local, remote_blocks, local_blocks, head_pairs)
+                remote_off, local_off, sizes = self.planner.plan(layer_pairs, remote_blocks, local_blocks, head_pairs)
                 segs = (local_off, remote_off, sizes)
-            batch.add(self.regions[local.region], peer.regions[remote.region], segs)
+            batch.add(self.regions[local_region], peer.regions[remote_region], segs)
         return batch
 
     # ------------------------------------------------------------- lifecycle

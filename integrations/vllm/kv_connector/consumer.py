@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -75,6 +76,7 @@ class ConsumerSide:
     def __init__(self, agent: "TransferAgent") -> None:
         self._agent = agent
         self._recvs: Dict[str, _Recv] = {}  # transfer_id -> state
+        self._ended = threading.Condition(agent.lock)  # notified when a request's outcome is recorded
 
     # ------------------------------------------------ scheduler-side events
     def start(self, jobs: Sequence[RecvJob]) -> None:
@@ -82,6 +84,7 @@ class ConsumerSide:
         cfg = self._agent.config
         now = time.monotonic()
         for job in jobs:
+            self._agent.trace.mark(job.transfer_id, "recv_start")
             if job.mode == "release":
                 self._agent.pool.submit(self._release, job)
                 continue
@@ -128,9 +131,19 @@ class ConsumerSide:
         with self._agent.lock:
             return bool(self._recvs)
 
+    def wait_ended(self, timeout_s: float) -> bool:
+        """Block (bounded) until some request's outcome is ready for :meth:`take_results`.
+
+        vLLM polls every step and never needs this; tests and the benchmark use it to see an
+        outcome when it happens instead of sleeping between polls. True when one is ready.
+        """
+        with self._ended:
+            return self._ended.wait_for(lambda: any(r.result is not None for r in self._recvs.values()), timeout_s)
+
     # ------------------------------------------------------ producer events
     def on_write_done(self, note: WriteDone) -> None:
         """A producer rank ended its writes into us, or refused them (control thread)."""
+        self._agent.trace.mark(note.transfer_id, "write_done_received")
         with self._agent.lock:
             recv = self._recvs.get(note.transfer_id)
             if recv is None or recv.result is not None or recv.producers is None:
@@ -222,6 +235,7 @@ class ConsumerSide:
         job, agent = recv.job, self._agent
         try:
             addresses, producers = self._producers(job)
+            agent.trace.mark(job.transfer_id, "handshake_done")
             with agent.lock:
                 recv.producers, recv.addresses = producers, addresses
                 if recv.aborted:
@@ -255,9 +269,12 @@ class ConsumerSide:
             pairs = head_pairs(ident.total_kv_heads, peer.meta.tp_size, peer.meta.tp_rank, ident.tp_size,
                                ident.tp_rank, ident.replicated_heads)
             batch = agent.plan(peer, False, blocks, pairs)
+            agent.trace.mark(job.transfer_id, "planned")
             statuses.extend(batch.submit(agent.engine, read=True))
+            agent.trace.mark(job.transfer_id, "submitted")
             nbytes_by_rank[peer.meta.tp_rank] = batch.nbytes
         reason, quiescent = await_statuses(agent.engine, statuses, agent.config.transfer_timeout_s)
+        agent.trace.mark(job.transfer_id, "statuses_done")
         if not quiescent:  # reads still land in our blocks: wait for the engine's own timeouts to end them
             await_statuses(agent.engine, statuses, agent.config.tcp_op_timeout_ms / 1000 + 5)
         ms = (time.monotonic() - t0) * 1000
@@ -291,6 +308,7 @@ class ConsumerSide:
                 agent.notifier.send(peer.meta.notify_host, peer.meta.notify_port,
                                     msgspec.structs.replace(request, producer_key=peer.key))
             recv.requested, recv.requested_at = True, time.monotonic()
+        agent.trace.mark(job.transfer_id, "write_request_sent")
 
     def _release(self, job: RecvJob) -> None:
         """Nothing to move (full local prefix hit, or aborted before allocation): free the producer's blocks."""
@@ -345,3 +363,5 @@ class ConsumerSide:
             wait_ms=(time.monotonic() - recv.started) * 1000,
             reason=reason,
         )
+        self._agent.trace.mark(recv.job.transfer_id, "result")
+        self._ended.notify_all()

@@ -5,15 +5,19 @@ Pure functions over :class:`LayerLayout` geometry and block ids (no I/O, no vLLM
 * :func:`zip_runs` pairs two byte-run lists that hold the same logical bytes in the
   same order but possibly cut differently (e.g. ``LBHNC`` on one side, ``LBNHC`` on the
   other): it cuts both at the union of their boundaries.
-* :func:`plan_layer` expands the paired template of one block (or of the heads one rank
-  provides another) over every block pair and merges segments that continue each
-  other on both sides, so contiguous blocks of a block-compact layout become one
-  segment per run of blocks.
+* :class:`LayerPlanner` plans many layers of one region pair at once: layers whose
+  geometry differs only by their offset (all of a model's layers, usually) share one
+  template of a block pair, expanded over (layers x blocks) with one numpy pass, and the
+  result is one segment list in int64 arrays (what the engine reads fastest). Templates
+  are cached per (source geometry, destination geometry, head pairs), so a request's plan
+  costs a few numpy operations however many layers it has (a Python loop per layer took
+  ~40 us each: 1.3 ms for 32 layers, more than the GPU needs to move them).
+* :func:`plan_layer` is one layer through the same code (lists, for callers and tests).
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -21,7 +25,7 @@ import numpy.typing as npt
 from mori_integrations.common.segments import PlanError, Segments, merge_adjacent
 from mori_integrations.vllm.kv_connector.messages import LayerLayout
 
-__all__ = ["check_pairable", "pair_blocks", "plan_layer", "zip_runs"]
+__all__ = ["LayerPlanner", "check_pairable", "pair_blocks", "plan_layer", "zip_runs"]
 
 Template = Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
@@ -80,6 +84,95 @@ def _template(src: LayerLayout, dst: LayerLayout, pairs: Sequence[Tuple[int, int
     return so, do, sz
 
 
+Geometry = Tuple[object, ...]
+
+
+def _geometry(layer: LayerLayout) -> Geometry:
+    """Everything of a layer's layout except its name, region and offset."""
+    return (layer.group, layer.block_stride, layer.head_stride, layer.num_heads, layer.content,
+            tuple(map(tuple, layer.head_runs)), tuple(map(tuple, layer.block_runs)))
+
+
+class LayerPlanner:
+    """Segments of many layers between two regions, one numpy pass per layer geometry (see module docstring).
+
+    Threads may share one: its caches are plain dicts (two threads may compute one template twice).
+    """
+
+    _MAX_CACHED = 4096
+
+    def __init__(self) -> None:
+        self._geometry: Dict[int, Tuple[LayerLayout, Geometry]] = {}  # id(layout) -> (layout kept alive, key)
+        self._templates: Dict[Tuple[Geometry, Geometry, Tuple[Tuple[int, int], ...]], Template] = {}
+
+    def _key(self, layer: LayerLayout) -> Geometry:
+        hit = self._geometry.get(id(layer))
+        if hit is not None and hit[0] is layer:
+            return hit[1]
+        if len(self._geometry) >= self._MAX_CACHED:
+            self._geometry.clear()
+        key = _geometry(layer)
+        self._geometry[id(layer)] = (layer, key)
+        return key
+
+    def _template(self, src: LayerLayout, dst: LayerLayout, gs: Geometry, gd: Geometry,
+                  pairs: Tuple[Tuple[int, int], ...]) -> Template:
+        tkey = (gs, gd, pairs)
+        t = self._templates.get(tkey)
+        if t is None:
+            check_pairable(src, dst)
+            for hs, hd in pairs:
+                if not (0 <= hs < src.num_heads and 0 <= hd < dst.num_heads):
+                    raise PlanError(
+                        f"layer {src.name}: head pair ({hs}, {hd}) outside {src.num_heads} / {dst.num_heads} heads")
+            if len(self._templates) >= self._MAX_CACHED:
+                self._templates.clear()
+            t = self._templates[tkey] = _template(src, dst, list(pairs))
+        return t
+
+    def plan(
+        self,
+        layers: Sequence[Tuple[LayerLayout, LayerLayout]],
+        src_blocks: npt.NDArray[np.int64],
+        dst_blocks: npt.NDArray[np.int64],
+        head_pairs: Sequence[Tuple[int, int]],
+    ) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(source offsets, destination offsets, sizes) moving ``head_pairs`` of every block pair of
+        every ``(source layer, destination layer)``, in layer order, merged where they continue each other.
+
+        Offsets are relative to each side's registered region (all layers of one call share it).
+        Blocks pair index to index.
+        """
+        empty = np.zeros(0, dtype=np.int64)
+        if src_blocks.size != dst_blocks.size:
+            name = layers[0][0].name if layers else "?"
+            raise PlanError(f"layer {name}: {src_blocks.size} source blocks but {dst_blocks.size} destination blocks")
+        if src_blocks.size == 0 or not head_pairs or not layers:
+            return empty, empty, empty
+        pairs = tuple((int(a), int(b)) for a, b in head_pairs)
+        sb = src_blocks.astype(np.int64, copy=False)
+        db = dst_blocks.astype(np.int64, copy=False)
+        parts_src, parts_dst, parts_sz = [], [], []
+        i = 0
+        while i < len(layers):  # runs of consecutive layers with one geometry: one pass each
+            src, dst = layers[i]
+            gs, gd = self._key(src), self._key(dst)
+            j = i + 1
+            while j < len(layers) and self._key(layers[j][0]) == gs and self._key(layers[j][1]) == gd:
+                j += 1
+            t_src, t_dst, t_sz = self._template(src, dst, gs, gd, pairs)
+            off_src = np.fromiter((layers[k][0].offset for k in range(i, j)), dtype=np.int64, count=j - i)
+            off_dst = np.fromiter((layers[k][1].offset for k in range(i, j)), dtype=np.int64, count=j - i)
+            base_src = sb * src.block_stride
+            base_dst = db * dst.block_stride
+            parts_src.append((off_src[:, None, None] + base_src[None, :, None] + t_src[None, None, :]).ravel())
+            parts_dst.append((off_dst[:, None, None] + base_dst[None, :, None] + t_dst[None, None, :]).ravel())
+            parts_sz.append(np.broadcast_to(t_sz, (j - i, sb.size, t_sz.size)).ravel())
+            i = j
+        cat = (lambda p: p[0]) if len(parts_src) == 1 else np.concatenate
+        return merge_adjacent(cat(parts_src), cat(parts_dst), cat(parts_sz), as_lists=False)
+
+
 def plan_layer(
     src: LayerLayout,
     dst: LayerLayout,
@@ -90,22 +183,10 @@ def plan_layer(
     """Segments (source offsets, destination offsets, sizes) moving ``head_pairs`` of every block pair.
 
     Offsets are relative to each side's registered region. Blocks pair index to index.
+    One layer through :class:`LayerPlanner` (lists; a fresh planner, so nothing is cached).
     """
-    if src_blocks.size != dst_blocks.size:
-        raise PlanError(f"layer {src.name}: {src_blocks.size} source blocks but {dst_blocks.size} destination blocks")
-    if src_blocks.size == 0 or not head_pairs:
-        return [], [], []
-    check_pairable(src, dst)
-    for hs, hd in head_pairs:
-        if not (0 <= hs < src.num_heads and 0 <= hd < dst.num_heads):
-            raise PlanError(f"layer {src.name}: head pair ({hs}, {hd}) outside {src.num_heads} / {dst.num_heads} heads")
-    t_src, t_dst, t_sz = _template(src, dst, list(head_pairs))
-    base_src = src.offset + src_blocks.astype(np.int64) * src.block_stride
-    base_dst = dst.offset + dst_blocks.astype(np.int64) * dst.block_stride
-    local = (base_src[:, None] + t_src[None, :]).ravel()
-    remote = (base_dst[:, None] + t_dst[None, :]).ravel()
-    sizes = np.broadcast_to(t_sz, (src_blocks.size, t_sz.size)).ravel()
-    return merge_adjacent(local, remote, sizes)
+    lo, ro, sz = LayerPlanner().plan([(src, dst)], np.asarray(src_blocks), np.asarray(dst_blocks), head_pairs)
+    return lo.tolist(), ro.tolist(), sz.tolist()
 
 
 def pair_blocks(

@@ -7,6 +7,10 @@ are layer-pipelined: while the step that computes the last prompt chunk runs, ea
 layer's blocks are queued to the writer thread right after the layer's attention saved
 them (on a GPU behind a CUDA event recorded at that point, so the copy never overtakes
 the kernel that produced the KV); a consumer that asks later gets all layers at once.
+The writer never waits for a copy: it waits for the layer's event, plans the layer
+(a cached template, see :class:`~.planner.LayerPlanner`) and submits it; queued layers of
+one target whose events already completed (the writer fell behind the forward) go out as
+one submission, so a burst costs one launch, not one per layer.
 The request's blocks are released (``finished_sending``) only when every consumer rank
 is accounted for and no write is in flight, or ``defer_timeout`` after it finished.
 """
@@ -16,7 +20,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import queue
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
@@ -87,8 +90,19 @@ class _WriteItem:
     send: _Send
     target: _Target
     layers: List[str]
-    event: Any
+    event: Any  # CUDA event the layers' KV is complete behind, or None
     final: bool
+    more_events: List[Any] = dataclasses.field(default_factory=list)  # of items merged into this one
+
+    def ready(self) -> bool:
+        """The KV is computed (no wait needed)."""
+        return self.event is None or bool(self.event.query())
+
+    def absorb(self, other: "_WriteItem") -> None:
+        """Take the layers of a later item of the same target."""
+        self.layers = self.layers + other.layers
+        self.more_events.append(other.event)
+        self.final = self.final or other.final
 
 
 class ProducerSide:
@@ -102,7 +116,8 @@ class ProducerSide:
         self._closed: "collections.OrderedDict[str, Tuple[float, str]]" = collections.OrderedDict()
         self._step: List[_Send] = []  # sends whose last prompt chunk runs in the current step
         self._layer_names = [layer.name for layer in agent.layers]
-        self._queue: "queue.Queue[Optional[_WriteItem]]" = queue.Queue()
+        self._pending: "collections.deque[Optional[_WriteItem]]" = collections.deque()
+        self._pending_cv = threading.Condition()
         self._writer = threading.Thread(target=self._writer_loop, name="mori-kv-writer", daemon=True)
         self._writer.start()
 
@@ -139,7 +154,7 @@ class ProducerSide:
                 for target in send.targets.values():
                     if target.abort is None and not target.final_enqueued and layer_name not in target.enqueued:
                         target.enqueued.add(layer_name)
-                        self._queue.put(_WriteItem(send, target, [layer_name], event, final=False))
+                        self._put(_WriteItem(send, target, [layer_name], event, final=False))
 
     def end_step(self, kv_tensor: Any = None) -> None:
         """The step's forward is enqueued: every last-chunk request's KV is complete (model thread)."""
@@ -156,6 +171,7 @@ class ProducerSide:
     # --------------------------------------------------- consumer messages
     def on_write_request(self, request: WriteRequest) -> None:
         """WRITE mode: a consumer rank says where to write (control thread)."""
+        self._agent.trace.mark(request.transfer_id, "write_request_received")
         consumer = request.consumer
         if request.producer_key and request.producer_key != self._agent.engine_key:
             # Meant for the process that had these ports before us: it held the request, we never will.
@@ -275,7 +291,7 @@ class ProducerSide:
         rest = [n for n in self._layer_names if n not in target.enqueued]
         target.enqueued.update(rest)
         target.final_enqueued = True
-        self._queue.put(_WriteItem(send, target, rest, event, final=True))
+        self._put(_WriteItem(send, target, rest, event, final=True))
 
     def _fail_waiting(self, send: _Send, reason: str) -> None:
         for target in send.targets.values():
@@ -293,6 +309,7 @@ class ProducerSide:
         ok = target.failure is None and target.abort is None
         reason = target.failure or target.abort or ""
         consumer = target.request.consumer
+        self._agent.trace.mark(send.transfer_id, "write_done_sent")
         self._reply(consumer.notify_host, consumer.notify_port, send.transfer_id, ok, target.nbytes if ok else 0,
                     elapsed_us, reason)
 
@@ -338,9 +355,27 @@ class ProducerSide:
             ident.total_kv_heads, ident.tp_size, ident.tp_rank, consumer.tp_size, consumer.tp_rank, ident.replicated_heads
         )
 
+    def _put(self, item: Optional[_WriteItem]) -> None:
+        with self._pending_cv:
+            self._pending.append(item)
+            self._pending_cv.notify()
+
+    def _next_item(self) -> Optional[_WriteItem]:
+        """The next write (None: stop), with the following queued items of the same target whose KV is ready."""
+        with self._pending_cv:
+            while not self._pending:
+                self._pending_cv.wait()
+            item = self._pending.popleft()
+            while item is not None and self._pending:
+                nxt = self._pending[0]
+                if nxt is None or nxt.target is not item.target or nxt.send is not item.send or not nxt.ready():
+                    break
+                item.absorb(self._pending.popleft())
+            return item
+
     def _writer_loop(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self._next_item()
             if item is None:
                 return
             try:
@@ -354,9 +389,12 @@ class ProducerSide:
 
     def _write(self, item: _WriteItem) -> None:
         send, target = item.send, item.target
-        if item.event is not None:
-            item.event.synchronize()
+        for event in [item.event] + item.more_events:
+            if event is not None:
+                event.synchronize()
         agent = self._agent
+        trace = agent.trace
+        trace.mark(send.transfer_id, "write_begin")
         with agent.lock:
             skip = target.abort is not None or target.failure is not None
             if not skip and time.monotonic() > target.budget_end:
@@ -371,7 +409,9 @@ class ProducerSide:
         if not skip:
             t_submit = time.monotonic()  # TCP sends from this thread inside submit(): time it from here
             batch = agent.plan(target.peer, True, target.blocks, target.pairs, item.layers)
+            trace.mark(send.transfer_id, "planned")
             statuses = batch.submit(agent.engine)
+            trace.mark(send.transfer_id, "submitted")
             with agent.lock:
                 target.started = target.started or t_submit
                 target.statuses.extend(statuses)
@@ -383,7 +423,9 @@ class ProducerSide:
         agent = self._agent
         started = target.started or time.monotonic()
         remaining = agent.config.transfer_timeout_s - (time.monotonic() - started)
+        agent.trace.mark(send.transfer_id, "finish_begin")
         reason, quiescent = await_statuses(agent.engine, target.statuses, max(0.001, remaining))
+        agent.trace.mark(send.transfer_id, "statuses_done")
         if not quiescent:  # the engine ends every transfer within its own timeouts; wait for that
             reason_after, _ = await_statuses(agent.engine, target.statuses, agent.config.tcp_op_timeout_ms / 1000 + 5)
             reason = reason or reason_after
@@ -405,7 +447,7 @@ class ProducerSide:
             )
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._put(None)
         self._writer.join(timeout=2.0)
 
 

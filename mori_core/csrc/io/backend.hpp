@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "io/common.hpp"
 #include "io/memory_table.hpp"
@@ -50,6 +51,13 @@ class Backend {
   // Whether this backend can move data between the two regions.
   virtual bool CanHandle(const MemoryDesc& local, const MemoryDesc& remote) const = 0;
   virtual void Submit(TransferRequest req) = 0;
+  // Several transfers of one batch call, all routed to this backend, in the
+  // caller's order. A backend that can move them together (XGMI: one kernel
+  // launch for every GPU pair of a device) overrides it; each request still
+  // ends its own status. The default submits them one by one.
+  virtual void SubmitBatch(std::vector<TransferRequest>& reqs) {
+    for (auto& r : reqs) Submit(std::move(r));
+  }
   // nullptr when a session cannot be built (the engine then reports it).
   virtual std::unique_ptr<BackendSession> CreateSession(const MemoryDesc& local, const MemoryDesc& remote) = 0;
 };

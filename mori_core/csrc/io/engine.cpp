@@ -3,6 +3,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 
 #include "common/env.hpp"
 #include "common/error.hpp"
@@ -263,10 +264,9 @@ StatusPtr IOEngine::Finished(StatusCode code, const std::string& message) {
   return s;
 }
 
-StatusPtr IOEngine::Submit(const MemoryDesc& local, const MemoryDesc& remote, SegmentList segs, TransferUniqueId uid,
-                           bool isRead) {
-  // Held until the backend has the work: a backend is never removed under a submission.
-  std::shared_lock<std::shared_mutex> backendsLock(backendsMu_);
+StatusPtr IOEngine::Prepare(const MemoryDesc& local, const MemoryDesc& remote, SegmentList segs, TransferUniqueId uid,
+                            bool isRead, Backend** backend, TransferRequest* req) {
+  *backend = nullptr;
   Route route = Resolve(local, remote);
   if (!route.backend) return Finished(route.code, route.error);
   const auto& region = route.region;
@@ -278,8 +278,21 @@ StatusPtr IOEngine::Submit(const MemoryDesc& local, const MemoryDesc& remote, Se
   if (merged.empty()) return Finished(StatusCode::SUCCESS, "");
   auto status = std::make_shared<TransferStatus>();
   status->Update(StatusCode::IN_PROGRESS);
+  *backend = route.backend;
+  *req = TransferRequest{&region->desc, &remote, std::move(merged), uid, isRead, status, std::move(pin)};
+  return status;
+}
+
+StatusPtr IOEngine::Submit(const MemoryDesc& local, const MemoryDesc& remote, SegmentList segs, TransferUniqueId uid,
+                           bool isRead) {
+  // Held until the backend has the work: a backend is never removed under a submission.
+  std::shared_lock<std::shared_mutex> backendsLock(backendsMu_);
+  Backend* backend = nullptr;
+  TransferRequest req{};
+  StatusPtr status = Prepare(local, remote, std::move(segs), uid, isRead, &backend, &req);
+  if (!backend) return status;
   profile::Mark(profile::kValidated);
-  route.backend->Submit(TransferRequest{&region->desc, &remote, std::move(merged), uid, isRead, status, std::move(pin)});
+  backend->Submit(std::move(req));
   profile::Mark(profile::kSubmitted);
   return status;
 }
@@ -307,6 +320,10 @@ std::vector<StatusPtr> IOEngine::BatchReadWrite(const std::vector<const MemoryDe
                           "transfer_uids must have the same length (one entry per memory pair)");
   std::vector<StatusPtr> out;
   out.reserve(n);
+  // Every pair is validated first; then each backend gets its pairs in one
+  // call (XGMI moves all of a device's GPU pairs with one launch).
+  std::shared_lock<std::shared_mutex> backendsLock(backendsMu_);
+  std::vector<std::pair<Backend*, std::vector<TransferRequest>>> groups;
   for (size_t i = 0; i < n; ++i) {
     SegmentList segs;
     try {
@@ -315,8 +332,20 @@ std::vector<StatusPtr> IOEngine::BatchReadWrite(const std::vector<const MemoryDe
       out.push_back(Finished(StatusCode::ERR_INVALID_ARGS, "pair " + std::to_string(i) + ": " + e.what()));
       continue;
     }
-    out.push_back(Submit(*locals[i], *remotes[i], std::move(segs), uids[i], isRead));
+    Backend* backend = nullptr;
+    TransferRequest req{};
+    out.push_back(Prepare(*locals[i], *remotes[i], std::move(segs), uids[i], isRead, &backend, &req));
+    if (!backend) continue;
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == backend; });
+    if (g == groups.end()) {
+      groups.emplace_back(backend, std::vector<TransferRequest>{});
+      g = groups.end() - 1;
+    }
+    g->second.push_back(std::move(req));
   }
+  profile::Mark(profile::kValidated);
+  for (auto& [backend, reqs] : groups) backend->SubmitBatch(reqs);
+  profile::Mark(profile::kSubmitted);
   return out;
 }
 

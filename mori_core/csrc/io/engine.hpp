@@ -101,6 +101,11 @@ class IOEngine {
   Route Resolve(const MemoryDesc& local, const MemoryDesc& remote);
   StatusPtr Submit(const MemoryDesc& local, const MemoryDesc& remote, SegmentList segs, TransferUniqueId uid,
                    bool isRead);
+  // Caller holds backendsMu_ (shared). Resolves, pins, checks and merges one
+  // transfer. Returns its status; when a backend has work to do, *backend and
+  // *req are set (status IN_PROGRESS), else the status is already final.
+  StatusPtr Prepare(const MemoryDesc& local, const MemoryDesc& remote, SegmentList segs, TransferUniqueId uid,
+                    bool isRead, Backend** backend, TransferRequest* req);
   void InvalidateRoutes();
   static StatusPtr Finished(StatusCode code, const std::string& message);
   bool AutoXgmiWanted() const;

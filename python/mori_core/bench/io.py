@@ -65,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--breakdown", action="store_true",
                    help="time the pieces of one batch call (conversion, validation, launch, completion)")
     p.add_argument("--kernel-sweep", action="store_true", help="XGMI: time the scatter kernel's shapes alone")
+    p.add_argument("--pieces", default="",
+                   help="XGMI: many-piece batches COUNTxSIZE,... (e.g. 8192x32K,64x8K,64x128K) at scattered offsets, "
+                        "beside copy-engine baselines of the same pieces ('' = none; --sizes '' skips the matrix)")
+    p.add_argument("--xgmi-sweep", action="store_true",
+                   help="XGMI --pieces: repeat the many-piece rows under other kernel settings (MORI_IO_XGMI_*)")
     p.add_argument("--plot", metavar="FILE", help="write a PNG chart of bandwidth vs message size")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -143,7 +148,8 @@ def _raw_sink(listener: socket.socket, stop: threading.Event) -> None:
                 conn.sendall(b"k")
 
 
-def _target_main(pipe, backend: str, mem: str, device: int, nbytes: int, num_connections: int) -> None:
+def _target_main(pipe, backend: str, mem: str, device: int, nbytes: int, num_connections: int,
+                 slices: bool = False) -> None:
     import faulthandler
 
     faulthandler.dump_traceback_later(90, exit=False)  # says where it is stuck if it ever is
@@ -155,7 +161,12 @@ def _target_main(pipe, backend: str, mem: str, device: int, nbytes: int, num_con
     raw.listen(4)
     stop = threading.Event()
     threading.Thread(target=_raw_sink, args=(raw, stop), daemon=True).start()
-    pipe.send((engine.get_engine_desc().pack(), md.pack(), raw.getsockname()[1]))
+    parts = []
+    if slices:  # the many-piece rows' 64 region pairs
+        from mori_core.bench.io_pieces import slice_descs
+
+        parts = slice_descs(engine, buf.tensor.data_ptr(), nbytes, device)
+    pipe.send((engine.get_engine_desc().pack(), md.pack(), raw.getsockname()[1], [d.pack() for d in parts]))
     faulthandler.cancel_dump_traceback_later()
     from mori_core.io import EngineDesc
 
@@ -335,14 +346,18 @@ def run(args: argparse.Namespace) -> int:
     ops = ("write", "read") if args.op == "both" else (args.op,)
     if args.batch < 1 or args.iters < 1:
         raise SystemExit("--batch and --iters must be >= 1")
-    nbytes = max(max(sizes) * 2 * args.batch, large)
     xgmi_gpu = args.backend == "xgmi" and mem == "gpu"
+    from mori_core.bench import io_pieces
+
+    pieces = io_pieces.parse(args.pieces, _parse_size) if xgmi_gpu else []
+    nbytes = max([s * 2 * args.batch for s in sizes] + [large, io_pieces.span(pieces), 1])
 
     from mori_core.io import EngineDesc, MemoryDesc
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_target_main, args=(child, args.backend, mem, args.target_device, nbytes, args.num_connections), daemon=True)
+    proc = ctx.Process(target=_target_main, args=(child, args.backend, mem, args.target_device, nbytes,
+                                                  args.num_connections, bool(pieces)), daemon=True)
     proc.start()
     child.close()  # so a dying target shows up as EOF on the pipe
     extra: dict = {}
@@ -354,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
             raise RuntimeError(f"target process exited with code {proc.exitcode} before it was ready")
         if not parent.poll(0):
             raise RuntimeError("target process did not start within 180 s")
-        tdesc, tmem, raw_port = parent.recv()
+        tdesc, tmem, raw_port, tslices = parent.recv()
         engine = _make_engine("bench-initiator", args.backend, args.num_connections, args.xgmi_streams,
                               args.xgmi_proxy_blocks, _parse_size(args.xgmi_proxy_max_bytes))
         parent.send(engine.get_engine_desc().pack())
@@ -382,11 +397,15 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
 
         # One transfer alone: submit, wait, repeat (the latency of a lone small write).
-        lone = sizes[0]
-        extra["lone"] = (lone, *_time_host(_lone_write(session, lone), max(args.iters, 50), args.warmup))
-        if args.breakdown:
+        if sizes:
+            lone = sizes[0]
+            extra["lone"] = (lone, *_time_host(_lone_write(session, lone), max(args.iters, 50), args.warmup))
+        if pieces:
+            extra["pieces"] = _pieces(args, pieces, engine, session, lm, buf, rm, [MemoryDesc.unpack(d) for d in tslices],
+                                      tdesc, nbytes)
+        if args.breakdown and sizes:
             extra["breakdown"] = _breakdowns(session, sizes, args, nbytes)
-        if xgmi_gpu and (args.breakdown or args.kernel_sweep):
+        if xgmi_gpu and sizes and (args.breakdown or args.kernel_sweep):
             extra.update(_gpu_facts(sizes, args))
 
         large_rows = []
@@ -406,10 +425,45 @@ def run(args: argparse.Namespace) -> int:
         if proc.is_alive():
             proc.kill()
 
-    _report(args, results, large_rows, mem, str(route).split(".")[-1], sizes, extra)
+    if sizes or large_rows:
+        _report(args, results, large_rows, mem, str(route).split(".")[-1], sizes, extra)
     if args.plot:
         _plot(args.plot, results, args)
+    if "pieces" in extra:
+        io_pieces.report(pieces, *extra["pieces"], f"GPU {args.initiator_device} -> GPU {args.target_device}, "
+                         f"{_hardware(mem)}")
     return 0
+
+
+def _pieces(args, rows, engine, session, lm, buf, rm, remote_slices, tdesc, nbytes: int) -> tuple:
+    """The many-piece rows (``io_pieces``): engine rows, breakdown, same-run baselines, the kernel sweep."""
+    from mori_core.bench import io_pieces
+    from mori_core.io import EngineDesc
+
+    ptr, dev = buf.tensor.data_ptr(), args.initiator_device
+    setup = io_pieces.Setup(engine, session, lm, io_pieces.slice_descs(engine, ptr, nbytes, dev), rm, remote_slices)
+    eng = io_pieces.engine_rows(setup, rows, args.iters, args.warmup)
+    breakdown = io_pieces.breakdowns(setup, rows, args.iters, args.warmup) if args.breakdown else []
+    base = io_pieces.baselines(rows, dev, args.target_device, args.iters, args.warmup)
+    sweep_rows = []
+    if args.xgmi_sweep:
+        made = iter(range(1 << 30))
+
+        def make(setting: str) -> "io_pieces.Setup":
+            with io_pieces.EnvSetting(setting):
+                e = _make_engine(f"bench-initiator-sweep-{next(made)}", "xgmi", 1, args.xgmi_streams)
+            e.register_remote_engine(EngineDesc.unpack(tdesc))
+            local = buf.register(e)
+            return io_pieces.Setup(e, e.create_session(local, rm), local, io_pieces.slice_descs(e, ptr, nbytes, dev),
+                                   rm, remote_slices)
+
+        def close(s: "io_pieces.Setup") -> None:
+            for d in [s.lm] + s.local_slices:
+                s.engine.deregister_memory(d)
+
+        sweep_rows = io_pieces.sweep(make, close, rows, io_pieces.SWEEP, args.iters, args.warmup, dev,
+                                     args.target_device)
+    return eng, base, breakdown, sweep_rows
 
 
 def _breakdowns(session, sizes, args, nbytes: int) -> list[tuple[str, str, dict]]:
@@ -529,9 +583,10 @@ def _summary(args, results: list[Result], sizes, extra: dict, route: str) -> Non
             k = extra["kernel"][msg]
             row += [ce[0], k["gpu_us"] or 0.0, r.lat_us - k["gpu_us"] if k["gpu_us"] else 0.0]
         rows.append(row)
-    lone, lat, host = extra["lone"]
-    row = [f"1 x {fmt_bytes(lone)}, one write alone", median(lat), median(host), lone / (median(lat) * 1e3)]
-    rows.append(row + ([0.0, 0.0, 0.0] if "ce" in extra else []))
+    if "lone" in extra:
+        lone, lat, host = extra["lone"]
+        row = [f"1 x {fmt_bytes(lone)}, one write alone", median(lat), median(host), lone / (median(lat) * 1e3)]
+        rows.append(row + ([0.0, 0.0, 0.0] if "ce" in extra else []))
     r = next((x for x in results if x.op == "write" and x.mode == "single+session" and x.msg == sizes[0]), None)
     if r is not None:
         row = [f"{args.batch} x {fmt_bytes(sizes[0])}, {args.batch} writes (per write)", r.lat_us / args.batch,

@@ -88,12 +88,18 @@ class KernelTimer:
 
     def kernel(self, msg: int, batch: int, piece: int = 16384, threads: int = 256,
                iters: int = 30) -> dict[str, Optional[float]]:
-        """The scatter kernel: eager (event pair around each launch, back to back) and GPU time (graph)."""
-        torch = self.torch
+        """The scatter kernel on ``batch`` segments of ``msg`` bytes: eager (event pair around each launch,
+        back to back) and GPU time (graph)."""
         dsts, srcs, sizes = self._segments(msg, batch)
+        return self.kernel_segments(dsts, srcs, sizes, piece, threads, 0, iters)
+
+    def kernel_segments(self, dsts: list[int], srcs: list[int], sizes: list[int], piece: int = 16384,
+                        threads: int = 256, max_blocks: int = 0, iters: int = 30) -> dict[str, Optional[float]]:
+        """The scatter kernel on the given segments (pointers into this timer's buffers), in one shape."""
+        torch = self.torch
 
         def launch(stream: int) -> None:
-            self.testing.scatter_copy(dsts, srcs, sizes, stream, piece, threads)
+            self.testing.scatter_copy(dsts, srcs, sizes, stream, piece, threads, max_blocks)
 
         with torch.cuda.device(self.src_dev):
             stream = torch.cuda.current_stream().cuda_stream

@@ -55,6 +55,10 @@ def block_heads(view: Any, blocks: List[int], ratio: int = 1) -> Any:
 
 
 def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
+    import os
+
+    for k, v in spec.get("env", {}).items():  # engine knobs (MORI_IO_*), read when the engine is made
+        os.environ[k] = str(v)
     import torch
 
     from mori_integrations.vllm.kv_connector.agent import AgentIdentity, TransferAgent
@@ -88,12 +92,13 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
 
     def results(arg: Any) -> List[Any]:
         n, timeout = arg
-
-        def poll() -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
             collected.extend(agent.consumer.take_results())
-            return len(collected) >= n
-
-        wait_for(poll, timeout)
+            left = deadline - time.monotonic()
+            if len(collected) >= n or left <= 0:
+                break
+            agent.consumer.wait_ended(min(left, 0.5))  # woken when an outcome is recorded
         out = list(collected)
         collected.clear()
         return out
@@ -113,12 +118,65 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
                 agent.producer.on_layer_saved(name, view)
         agent.producer.end_step(any_kv)
 
+    sleep_cycles_per_us: List[float] = []
+
+    def forward(arg: Any) -> int:
+        """A last-chunk step with ``layer_us`` of GPU work per layer (a spinning kernel) before each
+        layer's KV is saved, as vLLM's forward does; returns when the GPU finished it (perf_counter_ns)."""
+        job, layer_us = arg
+        if not sleep_cycles_per_us:  # calibrate the spin kernel once
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            torch.cuda._sleep(10_000_000)
+            b.record()
+            b.synchronize()
+            sleep_cycles_per_us.append(10_000_000 / (a.elapsed_time(b) * 1000))
+        cycles = int(layer_us * sleep_cycles_per_us[0])
+        agent.producer.begin_step([job], [])
+        for name, view in kv.items():
+            torch.cuda._sleep(cycles)
+            agent.producer.on_layer_saved(name, view)
+        agent.producer.end_step(any_kv)
+        # The forward's stream only: a device-wide synchronize would also wait for the KV copies
+        # (the engine's streams do not block on it, nor it on them).
+        torch.cuda.current_stream().synchronize()
+        return time.perf_counter_ns()
+
+    def recv_wait(arg: Any) -> tuple:
+        """Start a receive job and wait for its outcome here (no polling interval, no pipe in the
+        timing): (result, ms from the start until the outcome was seen, perf_counter_ns then)."""
+        job, timeout = arg
+        t0 = time.perf_counter_ns()
+        agent.consumer.start([job])
+        deadline = time.monotonic() + timeout
+        while True:
+            for r in agent.consumer.take_results():
+                if r.req_id == job.req_id:
+                    t1 = time.perf_counter_ns()
+                    return r, (t1 - t0) / 1e6, t1
+                collected.append(r)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no outcome of {job.req_id} within {timeout} s")
+            agent.consumer.wait_ended(min(left, 1.0))
+
+    def trace(arg: Any) -> Any:
+        """("on"|"off", None) switches phase stamps; ("take", transfer_id) returns and forgets them."""
+        what, tid = arg
+        if what == "take":
+            return agent.trace.take(tid)
+        agent.trace.enabled = what == "on"
+        return None
+
     handlers = {
         "info": lambda _: {"engine_key": agent.engine_key, "handshake_port": agent.handshake_port,
                            "notify_port": agent.notify_port, "backends": agent.backends},
         "fill": fill,
         "read": lambda arg: block_heads(kv[arg[0]], arg[1], ratio),
         "send": send,
+        "forward": forward,
+        "recv_wait": recv_wait,
+        "trace": trace,
         "finish": lambda note: agent.producer.begin_step([], [note]),
         "take_finished": lambda timeout: sorted(wait_for(agent.producer.take_finished, timeout)),
         "recv": lambda job: agent.consumer.start([job]),
@@ -146,7 +204,8 @@ class AgentProcess(SpawnedProcess):
     """One worker's agent in a spawned process; :meth:`call` runs a command there (bounded).
 
     ``spec`` keys: engine_id, tp_rank, tp_size, total_heads, layers, num_blocks, heads (local),
-    tokens (per block), content, extra (connector config); optional dtype, layout, device, ratio.
+    tokens (per block), content, extra (connector config); optional dtype, layout, device, ratio,
+    env (environment variables set before the agent's engine is made, e.g. ``MORI_IO_XGMI_*``).
     """
 
     def __init__(self, spec: Dict[str, Any], start_timeout: float = 180.0, call_timeout: float = 120.0) -> None:

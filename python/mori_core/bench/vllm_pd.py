@@ -20,11 +20,13 @@ Medians over ``--requests`` distinct random prompts per length (no prefix-cache 
 prefill on the first allowed core, the decode on the second); unpinned, on a small host the
 servers' busy-waiting workers take each other's cores (see docs/vllm_pd.md).
 
-``python -m mori_core.bench vllm-pd --agents [--device cuda]`` (no vLLM): the connector's
-worker side alone, two processes (``cuda``: GPU 0 -> GPU 1 over XGMI, or both on GPU 0 when
-the host has one GPU), one request's KV of a realistic shape (default 32 layers, 8 KV heads of
-128, bf16, 2048 tokens) per iteration, WRITE and READ, next to a plain copy of the same bytes
-between the same devices (``Tensor.copy_``; ``cpu``: one in-process memcpy) measured in the same run.
+``python -m mori_core.bench vllm-pd --agents [--device cuda]`` (no vLLM, no SGLang): the
+connectors' transfer paths alone, two processes per pair (``cuda``: GPU 0 -> GPU 1 over XGMI,
+or both on GPU 0 when the host has one GPU), one request's KV of a realistic shape (default
+32 layers, 8 KV heads of 128, bf16, 2048 tokens): vLLM WRITE, READ and layer-pipelined WRITE,
+SGLang's chunk path, next to a plain copy of the same bytes between the same devices
+(``Tensor.copy_``; ``cpu``: one in-process memcpy) measured in the same run
+(:mod:`mori_core.bench.pd_agents_bench`).
 """
 
 from __future__ import annotations
@@ -42,136 +44,32 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mori_core.bench.table import fmt_bytes, median, print_table
+from mori_core.bench.table import median, print_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m mori_core.bench vllm-pd``."""
+    from mori_core.bench.pd_agents_bench import add_arguments as add_agent_arguments
+
     parser.add_argument("--agents", action="store_true", help="measure the connector's worker side alone (no vLLM)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--agents: KV memory")
     parser.add_argument("--model", default="", help="servers: model path (default: a tiny random Llama written here)")
     parser.add_argument("--prompt-lens", default="128,512", help="servers: prompt lengths in tokens")
     parser.add_argument("--requests", type=int, default=8, help="measured requests per prompt length and system")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests per system")
     parser.add_argument("--max-tokens", type=int, default=4, help="servers: tokens generated per request")
     parser.add_argument("--systems", default="single,mori-write,mori-read,nixl",
                         help="servers: which systems to run (nixl is skipped when nixl does not import)")
     parser.add_argument("--pin", action="store_true",
                         help="servers: pin each vLLM server to its own CPU core with taskset (needs 2 cores)")
-    parser.add_argument("--layers", type=int, default=32, help="--agents: KV layers")
-    parser.add_argument("--kv-heads", type=int, default=8, help="--agents: KV heads")
-    parser.add_argument("--head-size", type=int, default=128, help="--agents: head size")
-    parser.add_argument("--block-size", type=int, default=16, help="--agents: tokens per block")
-    parser.add_argument("--tokens", type=int, default=2048, help="--agents: prompt tokens per request")
-    parser.add_argument("--iters", type=int, default=10, help="--agents: measured requests per mode")
+    add_agent_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    return _run_agents(args) if args.agents else _run_servers(args)
+    if args.agents:
+        from mori_core.bench.pd_agents_bench import run_agents
 
-
-# ------------------------------------------------------------------ agents
-def _run_agents(args: argparse.Namespace) -> int:
-    from mori_core.bench.pd_agents import AgentProcess, free_port_block
-    from mori_integrations.vllm.kv_connector.metadata import FinishedSend, PeerAddress, RecvJob, SendJob
-
-    blocks = -(-args.tokens // args.block_size)
-    devices = _agent_devices(args.device)
-    spec = dict(tp_rank=0, tp_size=1, total_heads=args.kv_heads, layers=args.layers, num_blocks=blocks + 1,
-                heads=args.kv_heads, tokens=args.block_size, content=2 * args.head_size, dtype="bfloat16")
-    timeouts = {"transfer_timeout": 60, "recv_abort_timeout": 120, "defer_timeout": 120}
-    agents = []
-    try:
-        for name, dev in zip(("bench-prefill", "bench-decode"), devices):
-            base = free_port_block(2)
-            extra = {"backend": "auto", "host_ip": "127.0.0.1", "handshake_port": base, "notify_port": base + 1,
-                     **timeouts}
-            agents.append(AgentProcess(dict(spec, engine_id=name, device=dev, extra=extra)))
-        prefill, decode = agents
-        prefill.call("fill", 1)
-        peer = PeerAddress("127.0.0.1", prefill.info["handshake_port"], prefill.info["notify_port"])
-        ids = list(range(1, blocks + 1))
-        rows = []
-        nbytes = 0
-        for mode in ("write", "read"):
-            engine_ms, wall_ms = [], []
-            for i in range(args.warmup + args.iters):
-                tid = f"{mode}-{i}"
-                send = SendJob(req_id=f"p-{tid}", transfer_id=tid, block_ids=[ids], num_prompt_tokens=args.tokens)
-                job = RecvJob(req_id=f"d-{tid}", transfer_id=tid, mode=mode, peer=peer, local_block_ids=[ids],
-                              positions=[0], num_prompt_tokens=args.tokens,
-                              remote_block_ids=[ids] if mode == "read" else None)
-                prefill.call("send", (send, False))
-                t0 = time.perf_counter()
-                decode.call("recv", job)
-                (res,) = decode.call("results", (1, 120), timeout=180)
-                wall = (time.perf_counter() - t0) * 1000
-                if not res.ok:
-                    raise RuntimeError(f"{mode} transfer failed: {res.reason}")
-                prefill.call("finish", FinishedSend(req_id=send.req_id, transfer_id=tid, aborted=False))
-                prefill.call("take_finished", 60, timeout=90)
-                if i >= args.warmup:
-                    engine_ms.append(res.transfer_ms)
-                    wall_ms.append(wall)
-                    nbytes = res.nbytes
-            route = ", ".join(sorted(set((decode if mode == "read" else prefill).call("peer_routes").values())))
-            rows.append([f"MoriSuiteConnector {mode.upper()} ({route})", fmt_bytes(nbytes), median(engine_ms),
-                         median(wall_ms), nbytes / median(engine_ms) / 1e6])
-        base_ms = _plain_copy_ms(nbytes, devices, args.iters)
-        plain = "memcpy" if devices[0] == "cpu" else f"Tensor.copy_ {devices[0]} -> {devices[1]}"
-        rows.append([f"plain copy in one process ({plain})", fmt_bytes(nbytes), base_ms, base_ms, nbytes / base_ms / 1e6])
-        where = {"cpu": "host memory, two processes",
-                 "same": f"two processes on the same GPU ({devices[0]}: CUDA IPC, no NVLink)",
-                 "two": f"two processes, {devices[0]} -> {devices[1]} (NVLink/PCIe)"}
-        kind = "cpu" if devices[0] == "cpu" else ("same" if devices[0] == devices[1] else "two")
-        print_table(
-            f"KV of one {args.tokens}-token request ({args.layers} layers, {args.kv_heads} KV heads x {args.head_size}, "
-            f"bf16, blocks of {args.block_size}), {where[kind]}, medians of {args.iters}",
-            ["path", "bytes", "engine ms", "request ms", "GB/s (engine)"], rows,
-            note="engine ms: first write/read submitted -> last completed; request ms: receive job -> result "
-                 "(control plane included; WRITE: the decode's request reaches the prefill first).",
-        )
-    finally:
-        for a in agents:
-            a.close()
-    return 0
-
-
-def _agent_devices(device: str) -> tuple:
-    """(prefill, decode) devices: GPU 0 -> GPU 1, or both on GPU 0 when the host has one GPU."""
-    if device == "cpu":
-        return ("cpu", "cpu")
-    import torch
-
-    n = torch.cuda.device_count()
-    if n < 1:
-        raise SystemExit("vllm-pd --agents --device cuda: no CUDA device")
-    return ("cuda:0", f"cuda:{1 % n}")
-
-
-def _plain_copy_ms(nbytes: int, devices: tuple, iters: int) -> float:
-    import torch
-
-    if devices[0] != "cpu":
-        src = torch.empty(nbytes, dtype=torch.uint8, device=devices[0])
-        dst = torch.empty(nbytes, dtype=torch.uint8, device=devices[1])
-        times = []
-        for _ in range(iters + 2):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return median(times[2:])
-    src = torch.ones(nbytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(iters + 2):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append((time.perf_counter() - t0) * 1000)
-    return median(times[2:])
+        return run_agents(args)
+    return _run_servers(args)
 
 
 # ----------------------------------------------------------------- servers

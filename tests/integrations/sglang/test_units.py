@@ -64,7 +64,7 @@ def test_head_slice_segments_tp2_to_tp1() -> None:
     # 4 heads of 2 bytes, page_size 2: prefill rank 1 holds heads 2..3, decode (TP1) all 4.
     heads = HeadSlice(src_heads=2, dst_heads=4, src_head_start=0, dst_head_start=2, num_heads=2)
     lo, ro, sz = head_slice_segments(np.array([1]), np.array([3]), 2, 2 * 2 * 2, 2 * 4 * 2, heads)
-    assert lo == [8, 12] and ro == [3 * 16 + 4, 3 * 16 + 8 + 4] and sz == [4, 4]
+    assert lo.tolist() == [8, 12] and ro.tolist() == [3 * 16 + 4, 3 * 16 + 8 + 4] and sz.tolist() == [4, 4]
     with pytest.raises(PlanError):
         head_slice_segments(np.array([1]), np.array([3]), 2, 7, 16, heads)
 

@@ -21,7 +21,7 @@ from mori_integrations.vllm.kv_connector.params import (  # noqa: E402
     peer_of,
     transfer_id_of,
 )
-from mori_integrations.vllm.kv_connector.planner import plan_layer, zip_runs  # noqa: E402
+from mori_integrations.vllm.kv_connector.planner import LayerPlanner, plan_layer, zip_runs  # noqa: E402
 from mori_integrations.vllm.kv_connector.tp_mapping import head_pairs, heads_of_rank  # noqa: E402
 
 MORIIO_EXTRA = {  # a MoRIIOConnector kv_connector_extra_config, keys unchanged
@@ -124,6 +124,33 @@ def test_plan_layer_merges_contiguous_blocks_and_slices_heads() -> None:
     assert (lo, ro, sz) == ([1096, 1160], [1160, 1192], [32, 32])  # contiguous only on the destination
     with pytest.raises(PlanError, match="KV format differs"):
         plan_layer(a, _layer(content="bfloat16:4x2"), np.array([1]), np.array([1]), [(0, 0)])
+
+
+def test_layer_planner_equals_layer_by_layer_plans_joined() -> None:
+    """Many layers in one pass (two geometries, scattered and contiguous blocks, head slices) give
+    exactly the per-layer segments, in layer order, merged only where they continue each other."""
+    rng = np.random.default_rng(5)
+    a = [_layer(name=f"a{i}", offset=10_000 * i) for i in range(5)]
+    b = [_layer(name=f"b{i}", offset=50_000 + 10_000 * i, num_heads=1, head_stride=32, block_stride=32,
+                block_runs=[(0, 32)]) for i in range(3)]
+    planner = LayerPlanner()
+    for src_b, dst_b in ((np.arange(1, 9), np.arange(3, 11)), (rng.permutation(40)[:8] + 1, rng.permutation(40)[:8] + 1)):
+        for layers, pairs in (([(x, x) for x in a], [(0, 0), (1, 1)]), ([(x, y) for x, y in zip(a, b)], [(1, 0)])):
+            lo, ro, sz = planner.plan(layers, src_b, dst_b, pairs)
+            want = [plan_layer(x, y, src_b, dst_b, pairs) for x, y in layers]
+            flat = [np.concatenate([np.asarray(w[k], dtype=np.int64) for w in want]) for k in range(3)]
+            assert int(sz.sum()) == int(flat[2].sum())
+            # expand both to bytes-level (offset, length) runs and compare: merging may differ only at joins
+            def cover(o, r, n):
+                return sorted(zip(o.tolist(), r.tolist(), n.tolist()))
+            got_bytes = [(x + k, y + k) for x, y, n in cover(lo, ro, sz) for k in range(0, n, 16)]
+            want_bytes = [(x + k, y + k) for x, y, n in cover(*flat) for k in range(0, n, 16)]
+            assert got_bytes == want_bytes
+            assert len(sz) <= len(flat[2])
+    with pytest.raises(PlanError, match="outside"):
+        planner.plan([(a[0], a[0])], np.array([1]), np.array([1]), [(0, 5)])
+    with pytest.raises(PlanError, match="2 source blocks but 1"):
+        planner.plan([(a[0], a[0])], np.array([1, 2]), np.array([1]), [(0, 0)])
 
 
 def test_tp_head_mapping() -> None:

@@ -26,17 +26,19 @@ constexpr auto kDrainTimeout = std::chrono::seconds(30);
 }  // namespace
 
 GpuCompletion::GpuCompletion(std::shared_ptr<StreamPool> pool, StreamPool::Device* device, gpuStream_t stream,
-                             SignalSlots::Slot slot, RegionPin pin, bool persistentStream)
+                             SignalSlots::Slot slot, std::vector<RegionPin> pins, bool persistentStream,
+                             std::unique_ptr<SegmentTable> table)
     : pool_(std::move(pool)),
       device_(device),
       stream_(stream),
       slot_(slot),
+      table_(std::move(table)),
       nextStreamCheckNs_(profile::NowNs() + kStreamCheckNs),
       persistentStream_(persistentStream),
-      pin_(std::move(pin)) {}
+      pins_(std::move(pins)) {}
 
-GpuCompletion::GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, RegionPin pin)
-    : pool_(std::move(pool)), deviceId_(device), event_(event), pin_(std::move(pin)) {}
+GpuCompletion::GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, std::vector<RegionPin> pins)
+    : pool_(std::move(pool)), deviceId_(device), event_(event), pins_(std::move(pins)) {}
 
 // A completion that never finished (abandoned at shutdown) keeps its slot or
 // event out of circulation: the GPU may still write the slot.
@@ -65,32 +67,40 @@ gpuError_t GpuCompletion::Check() {
 }
 
 bool GpuCompletion::Poll(TransferStatus* status) {
-  gpuError_t e;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return true;
-    e = Check();
-    if (e == gpuErrorNotReady) return false;
-    done_ = true;
-    result_ = e;
-    pin_ = RegionPin();
-    if (slot_) {
-      // The slot's word is reused only when this kernel provably wrote it;
-      // after a failure (or a stream that drained without it) it is retired.
-      if (e == gpuSuccess && slot_.Signalled()) device_->signals.Release(slot_);
-    } else {
-      pool_->ReleaseEvent(deviceId_, event_);
+    if (!done_) {
+      gpuError_t e = Check();
+      if (e == gpuErrorNotReady) return false;
+      done_ = true;
+      result_ = e;
+      pins_.clear();
+      if (slot_) {
+        // The slot's word and the segment table are reused only when this
+        // kernel provably finished with them; after a failure (or a stream
+        // that drained without the signal) the slot is retired and the table
+        // freed with this object.
+        if (e == gpuSuccess && slot_.Signalled()) {
+          device_->signals.Release(slot_);
+          device_->tables.Release(std::move(table_));
+        }
+      } else {
+        pool_->ReleaseEvent(deviceId_, event_);
+      }
     }
   }
-  if (status) {
-    if (lost_)
-      status->Update(StatusCode::ERR_GPU_OP, "XGMI copy proxy stopped before this transfer was copied");
-    else if (e == gpuSuccess)
-      status->Update(StatusCode::SUCCESS);
-    else
-      status->Update(StatusCode::ERR_GPU_OP, std::string("GPU copy failed: ") + gpuGetErrorString(e));
-  }
+  Report(status);
   return true;
+}
+
+void GpuCompletion::Report(TransferStatus* status) const {
+  if (!status) return;
+  if (lost_)
+    status->Update(StatusCode::ERR_GPU_OP, "XGMI copy proxy stopped before this transfer was copied");
+  else if (result_ == gpuSuccess)
+    status->Update(StatusCode::SUCCESS);
+  else
+    status->Update(StatusCode::ERR_GPU_OP, std::string("GPU copy failed: ") + gpuGetErrorString(result_));
 }
 
 bool GpuCompletion::Succeeded() {

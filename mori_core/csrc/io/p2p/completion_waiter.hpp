@@ -25,42 +25,48 @@
 
 namespace mori::io::p2p {
 
-// One in-flight copy and the local region kept registered until it is done.
+// One in-flight copy (one launch, or copy-engine copies behind one event) and
+// the local regions kept registered until it is done. Several transfers of a
+// batch may share it: each polls it with its own status.
 class GpuCompletion {
  public:
   // `stream` runs the copy proxy's resident grid: it drains between busy
   // periods, so a drained stream does not mean this copy ran.
   static constexpr bool kPersistentStream = true;
-  // Done when the kernel on `stream` writes `slot`.
+  // Done when the kernel on `stream` writes `slot`; `table` (may be null) is
+  // the launch's segment table, returned to the device's pool once done.
   GpuCompletion(std::shared_ptr<StreamPool> pool, StreamPool::Device* device, gpuStream_t stream,
-                SignalSlots::Slot slot, RegionPin pin, bool persistentStream = false);
+                SignalSlots::Slot slot, std::vector<RegionPin> pins, bool persistentStream = false,
+                std::unique_ptr<SegmentTable> table = nullptr);
   // Done when `event` (recorded after copy-engine copies) completes.
-  GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, RegionPin pin);
+  GpuCompletion(std::shared_ptr<StreamPool> pool, int device, gpuEvent_t event, std::vector<RegionPin> pins);
   ~GpuCompletion();
   GpuCompletion(const GpuCompletion&) = delete;
   GpuCompletion& operator=(const GpuCompletion&) = delete;
 
   // Non-blocking. Once the copy finished (or failed) updates `status` (may be
-  // null) and returns true; later calls return true without doing anything.
+  // null) with the outcome and returns true, on every later call too (each
+  // transfer sharing the copy reports it on its own status).
   bool Poll(TransferStatus* status);
   bool Succeeded();
 
  private:
   gpuError_t Check();  // gpuSuccess: done, gpuErrorNotReady: pending, else the failure
-  void Complete(TransferStatus* status, gpuError_t e);
+  void Report(TransferStatus* status) const;
   std::shared_ptr<StreamPool> pool_;
   StreamPool::Device* device_ = nullptr;
   int deviceId_ = -1;
   gpuStream_t stream_ = nullptr;
   SignalSlots::Slot slot_;
   gpuEvent_t event_ = nullptr;
+  std::unique_ptr<SegmentTable> table_;
   int64_t nextStreamCheckNs_ = 0;
   bool persistentStream_ = false;
   bool lost_ = false;  // the proxy's stream drained without this copy's signal
   std::mutex mu_;
   bool done_ = false;
   gpuError_t result_ = gpuSuccess;
-  RegionPin pin_;
+  std::vector<RegionPin> pins_;
 };
 
 class CompletionWaiter {

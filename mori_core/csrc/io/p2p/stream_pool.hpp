@@ -1,6 +1,7 @@
 // Per-device GPU resources of the XGMI backend: streams (round robin),
 // completion events for copy-engine copies (reused), completion signal
-// slots for the scatter-copy kernel, and the optional copy proxy.
+// slots and segment tables for the scatter-copy kernel, and the optional copy
+// proxy.
 #pragma once
 
 #include <atomic>
@@ -11,6 +12,7 @@
 
 #include "common/gpu_runtime.hpp"
 #include "io/p2p/copy_proxy.hpp"
+#include "io/p2p/scatter_copy.hpp"
 #include "io/p2p/signal_slots.hpp"
 
 namespace mori::io::p2p {
@@ -20,10 +22,11 @@ class StreamPool {
   // One device's resources; its address is stable, so sessions keep a pointer
   // and pick streams without a lock or a lookup.
   struct Device {
-    explicit Device(int d) : signals(d) {}
+    explicit Device(int d) : signals(d), tables(d) {}
     std::vector<gpuStream_t> streams;
     std::atomic<size_t> next{0};
     SignalSlots signals;
+    SegmentTablePool tables;  // descriptors of launches with more than kParamSegments segments
     std::unique_ptr<CopyProxy> proxy;  // null unless enabled; declared after `signals`: its grid writes them
     gpuStream_t NextStream() { return streams[next.fetch_add(1, std::memory_order_relaxed) % streams.size()]; }
   };

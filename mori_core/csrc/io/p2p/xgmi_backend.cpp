@@ -1,5 +1,7 @@
 #include "io/p2p/xgmi_backend.hpp"
 
+#include <algorithm>
+
 #include "common/env.hpp"
 #include "common/error.hpp"
 #include "common/logging.hpp"
@@ -20,7 +22,9 @@ class XgmiSession : public BackendSession {
       status->Update(StatusCode::ERR_NOT_FOUND, "local memory was deregistered");
       return;
     }
-    backend_.Launch(route_, segments, isRead, uid, status, std::move(pin));
+    std::vector<XgmiBackend::Job> jobs;
+    jobs.push_back({&route_, &segments, uid, status, std::move(pin)});
+    backend_.Launch(jobs, isRead);
   }
   bool Alive() const override { return true; }
 
@@ -46,6 +50,11 @@ XgmiTuning XgmiTuning::FromEnv() {
     throw InvalidArgument("MORI_IO_XGMI_BLOCK_THREADS=" + std::to_string(threads) +
                           " must be a multiple of 32 in [64, 1024]");
   t.shape.threads = static_cast<uint32_t>(threads);
+  const int64_t blocks = env::GetInt("MORI_IO_XGMI_MAX_BLOCKS", t.shape.maxBlocks);
+  if (blocks < 0 || blocks > 65536)
+    throw InvalidArgument("MORI_IO_XGMI_MAX_BLOCKS=" + std::to_string(blocks) +
+                          " must be in [0, 65536] (0: one block per piece)");
+  t.shape.maxBlocks = static_cast<uint32_t>(blocks);
   return t;
 }
 
@@ -100,9 +109,20 @@ XgmiBackend::~XgmiBackend() {
   IpcImportCache::Get().Release(this, "");
 }
 
+void XgmiBackend::RegisterRemoteEngine(const EngineDesc& desc) {
+  std::unique_lock<std::shared_mutex> lock(routesMu_);
+  for (auto it = routes_.begin(); it != routes_.end();) it = it->first.engine == desc.key ? routes_.erase(it) : ++it;
+}
+
 void XgmiBackend::DeregisterRemoteEngine(const EngineDesc& desc) {
+  RegisterRemoteEngine(desc);  // forget its routes first: their mappings are released next
   IpcImportCache::Get().Release(this, desc.key);
   notifier_->Forget(desc.key);
+}
+
+void XgmiBackend::DeregisterMemory(const MemoryDesc& desc) {
+  std::unique_lock<std::shared_mutex> lock(routesMu_);
+  for (auto it = routes_.begin(); it != routes_.end();) it = it->first.local == desc.id ? routes_.erase(it) : ++it;
 }
 
 void XgmiBackend::RegisterMemory(MemoryDesc& desc) {
@@ -210,63 +230,121 @@ bool XgmiBackend::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Rou
   return true;
 }
 
-bool XgmiBackend::UseKernel(const Route& r, const SegmentList& segs, uint64_t totalBytes) const {
-  return r.kernelOk && static_cast<int>(segs.size()) >= tuning_.kernelMinSegments &&
-         totalBytes / segs.size() <= tuning_.kernelMaxAvgBytes;
+bool XgmiBackend::CachedResolve(const MemoryDesc& local, const MemoryDesc& remote, Route* r, StatusCode* code,
+                                std::string* err) {
+  RouteKey key{local.id, remote.id, remote.engineKey};
+  {
+    std::shared_lock<std::shared_mutex> lock(routesMu_);
+    auto it = routes_.find(key);
+    if (it != routes_.end() && it->second.remote == remote && it->second.remote.ipcHandle == remote.ipcHandle &&
+        it->second.remote.ipcOffset == remote.ipcOffset) {
+      *r = it->second.route;
+      return true;
+    }
+  }
+  if (!Resolve(local, remote, r, code, err)) return false;
+  try {
+    DeviceGuard g(r->device);
+    r->resources = &pool_->ForDevice(r->device);
+  } catch (const std::exception& e) {
+    *code = StatusCode::ERR_GPU_OP;
+    *err = std::string("XGMI: GPU resources of device ") + std::to_string(r->device) + ": " + e.what();
+    return false;
+  }
+  std::unique_lock<std::shared_mutex> lock(routesMu_);
+  routes_[std::move(key)] = CachedRoute{*r, remote};
+  return true;
 }
 
-void XgmiBackend::Launch(const Route& r, const SegmentList& segs, bool isRead, TransferUniqueId uid,
-                         const StatusPtr& status, RegionPin pin) {
+bool XgmiBackend::UseKernel(size_t segments, uint64_t totalBytes) const {
+  return segments > 0 && static_cast<int64_t>(segments) >= tuning_.kernelMinSegments &&
+         totalBytes / segments <= tuning_.kernelMaxAvgBytes;
+}
+
+void XgmiBackend::Launch(std::vector<Job>& jobs, bool isRead) {
+  if (jobs.empty()) return;
+  const Route& r0 = *jobs.front().route;
   try {
-    DeviceGuard g(r.device);
-    StreamPool::Device& dev = Resources(r);
-    gpuStream_t stream = dev.NextStream();
-    uint8_t* srcBase = isRead ? r.remotePtr : r.localPtr;
-    uint8_t* dstBase = isRead ? r.localPtr : r.remotePtr;
-    std::shared_ptr<GpuCompletion> c;
-    const uint64_t totalBytes = TotalBytes(segs);
-    if (UseKernel(r, segs, totalBytes)) {
-      static thread_local std::vector<CopySeg> copies;
-      copies.clear();
-      for (const auto& s : segs) {
-        uint64_t so = isRead ? s.remoteOffset : s.localOffset, d = isRead ? s.localOffset : s.remoteOffset;
-        copies.push_back({reinterpret_cast<uint64_t>(srcBase + so), reinterpret_cast<uint64_t>(dstBase + d), s.size});
+    DeviceGuard g(r0.device);
+    StreamPool::Device& dev = Resources(r0);
+    size_t nsegs = 0;
+    uint64_t totalBytes = 0;
+    for (const Job& j : jobs) {
+      nsegs += j.segs->size();
+      totalBytes += TotalBytes(*j.segs);
+    }
+    // Calls fn(src, dst, bytes) for every segment of every job.
+    auto forEachCopy = [&](auto&& fn) {
+      for (const Job& j : jobs) {
+        uint8_t* srcBase = isRead ? j.route->remotePtr : j.route->localPtr;
+        uint8_t* dstBase = isRead ? j.route->localPtr : j.route->remotePtr;
+        for (const Segment& s : *j.segs) {
+          const uint64_t so = isRead ? s.remoteOffset : s.localOffset, d = isRead ? s.localOffset : s.remoteOffset;
+          fn(srcBase + so, dstBase + d, s.size);
+        }
       }
+    };
+    std::vector<RegionPin> pins;
+    pins.reserve(jobs.size());
+    for (Job& j : jobs) pins.push_back(std::move(j.pin));
+    gpuStream_t stream = dev.NextStream();
+    std::shared_ptr<GpuCompletion> c;
+    if (r0.kernelOk && UseKernel(nsegs, totalBytes)) {
       SignalSlots::Slot slot = dev.signals.Acquire();
       const KernelSignal signal{slot.counter, slot.device, slot.value};
+      std::unique_ptr<SegmentTable> table;
       bool proxied = false;
       try {
-        profile::Mark(profile::kLaunchBegin);
-        // The resident proxy takes it when it fits; otherwise one launch.
-        if (dev.proxy) proxied = dev.proxy->Post(copies.data(), copies.size(), totalBytes, signal);
-        if (!proxied) LaunchScatterCopy(copies.data(), copies.size(), tuning_.shape, signal, stream);
+        if (nsegs <= kParamSegments) {
+          static thread_local std::vector<CopySeg> copies;
+          copies.clear();
+          forEachCopy([&](uint8_t* src, uint8_t* dst, uint64_t n) {
+            copies.push_back({reinterpret_cast<uint64_t>(src), reinterpret_cast<uint64_t>(dst), n});
+          });
+          profile::Mark(profile::kLaunchBegin);
+          // The resident proxy takes it when it fits; otherwise one launch.
+          if (dev.proxy) proxied = dev.proxy->Post(copies.data(), copies.size(), totalBytes, signal);
+          if (!proxied) LaunchScatterCopy(copies.data(), copies.size(), tuning_.shape, signal, stream);
+        } else {
+          // Descriptors written straight into the pinned table the launch uploads.
+          table = dev.tables.Acquire(nsegs);
+          SegmentTable::Entry* e = table->host();
+          forEachCopy([&](uint8_t* src, uint8_t* dst, uint64_t n) {
+            *e++ = {reinterpret_cast<uint64_t>(src), reinterpret_cast<uint64_t>(dst), n, 0, 0};
+          });
+          profile::Mark(profile::kLaunchBegin);
+          LaunchScatterTable(*table, nsegs, tuning_.shape, signal, stream);
+        }
         profile::Mark(profile::kLaunchEnd);
         profile::SetPath(proxied ? profile::kPathProxy : profile::kPathKernel);
       } catch (...) {
-        dev.signals.Release(slot);  // nothing that will run was enqueued with it
+        // Nothing that writes the slot was enqueued. A table whose upload may
+        // have been enqueued is freed (a synchronizing free), never reused.
+        dev.signals.Release(slot);
         throw;
       }
-      c = proxied ? std::make_shared<GpuCompletion>(pool_, &dev, dev.proxy->Stream(), slot, std::move(pin),
-                                                    GpuCompletion::kPersistentStream)
-                  : std::make_shared<GpuCompletion>(pool_, &dev, stream, slot, std::move(pin));
+      c = std::make_shared<GpuCompletion>(pool_, &dev, proxied ? dev.proxy->Stream() : stream, slot, std::move(pins),
+                                          proxied ? GpuCompletion::kPersistentStream : false, std::move(table));
     } else {
       profile::Mark(profile::kLaunchBegin);
-      for (const auto& s : segs) {
-        uint64_t so = isRead ? s.remoteOffset : s.localOffset, d = isRead ? s.localOffset : s.remoteOffset;
-        MORI_GPU_CHECK(gpuMemcpyAsync(dstBase + d, srcBase + so, s.size, gpuMemcpyDefault, stream));
-      }
-      gpuEvent_t ev = pool_->AcquireEvent(r.device);
+      forEachCopy([&](uint8_t* src, uint8_t* dst, uint64_t n) {
+        MORI_GPU_CHECK(gpuMemcpyAsync(dst, src, n, gpuMemcpyDefault, stream));
+      });
+      gpuEvent_t ev = pool_->AcquireEvent(r0.device);
       gpuError_t e = gpuEventRecord(ev, stream);
-      if (e != gpuSuccess) pool_->ReleaseEvent(r.device, ev);
+      if (e != gpuSuccess) pool_->ReleaseEvent(r0.device, ev);
       MORI_GPU_CHECK(e);
       profile::Mark(profile::kLaunchEnd);
       profile::SetPath(profile::kPathCopyEngines);
-      c = std::make_shared<GpuCompletion>(pool_, r.device, ev, std::move(pin));
+      c = std::make_shared<GpuCompletion>(pool_, r0.device, ev, std::move(pins));
     }
-    status->SetProgressHook([c](TransferStatus& s) { c->Poll(&s); });
-    waiter_->Watch(std::move(c), status, config_.enableNotification ? r.target : nullptr, uid);
+    for (Job& j : jobs) {
+      j.status->SetProgressHook([c](TransferStatus& s) { c->Poll(&s); });
+      waiter_->Watch(c, j.status, config_.enableNotification ? j.route->target : nullptr, j.uid);
+    }
   } catch (const std::exception& e) {
-    status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI copy could not be started: ") + e.what());
+    for (Job& j : jobs)
+      j.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI copy could not be started: ") + e.what());
   }
 }
 
@@ -274,11 +352,50 @@ void XgmiBackend::Submit(TransferRequest req) {
   Route r;
   StatusCode code;
   std::string err;
-  if (!Resolve(*req.local, *req.remote, &r, &code, &err)) {
+  if (!CachedResolve(*req.local, *req.remote, &r, &code, &err)) {
     req.status->Update(code, err);
     return;
   }
-  Launch(r, req.segments, req.isRead, req.uid, req.status, std::move(req.localPin));
+  std::vector<Job> jobs;
+  jobs.push_back({&r, &req.segments, req.uid, req.status, std::move(req.localPin)});
+  Launch(jobs, req.isRead);
+}
+
+void XgmiBackend::SubmitBatch(std::vector<TransferRequest>& reqs) {
+  if (reqs.size() == 1) {
+    Submit(std::move(reqs.front()));
+    return;
+  }
+  std::vector<Route> routes(reqs.size());
+  std::vector<int> devices;  // initiating GPUs of GPU<->GPU pairs, in order of appearance
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    TransferRequest& q = reqs[i];
+    StatusCode code;
+    std::string err;
+    if (!CachedResolve(*q.local, *q.remote, &routes[i], &code, &err)) {
+      q.status->Update(code, err);
+      q.status.reset();  // handled
+      continue;
+    }
+    if (!routes[i].kernelOk) {  // CPU memory on one side: copy engines, alone
+      jobs.clear();
+      jobs.push_back({&routes[i], &q.segments, q.uid, q.status, std::move(q.localPin)});
+      Launch(jobs, q.isRead);
+      q.status.reset();
+    } else if (std::find(devices.begin(), devices.end(), routes[i].device) == devices.end()) {
+      devices.push_back(routes[i].device);
+    }
+  }
+  // Every GPU pair of one initiating device: one launch (or one proxy post,
+  // or copy-engine copies behind one event).
+  for (int device : devices) {
+    jobs.clear();
+    for (size_t i = 0; i < reqs.size(); ++i)
+      if (reqs[i].status && routes[i].device == device)
+        jobs.push_back({&routes[i], &reqs[i].segments, reqs[i].uid, reqs[i].status, std::move(reqs[i].localPin)});
+    Launch(jobs, reqs.front().isRead);
+  }
 }
 
 std::unique_ptr<BackendSession> XgmiBackend::CreateSession(const MemoryDesc& local, const MemoryDesc& remote) {

@@ -3,14 +3,19 @@
 //
 // The initiator maps the peer's registered GPU memory into its own address
 // space (ipc_cache) and moves the bytes itself: copy engines for few large
-// segments, one scatter-copy kernel for batches of many small ones. Nothing
-// runs on the target; when it wants to know, a notification follows the data
-// over the control plane (notify_channel).
+// segments, one scatter-copy kernel for batches of many small ones. A batch
+// call over many region pairs (per-layer K and V buffers) is moved by one
+// launch per initiating GPU, not one per pair. Nothing runs on the target;
+// when it wants to know, a notification follows the data over the control
+// plane (notify_channel).
 #pragma once
 
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
+#include <string>
+#include <vector>
 #include <unordered_map>
 
 #include "io/backend.hpp"
@@ -25,7 +30,7 @@ namespace mori::io::p2p {
 // Which engine copies a GPU<->GPU transfer, and the scatter kernel's shape.
 // Environment overrides (read when the backend is created):
 // MORI_IO_XGMI_KERNEL_MIN_SEGMENTS, MORI_IO_XGMI_KERNEL_MAX_AVG_BYTES,
-// MORI_IO_XGMI_PIECE_BYTES, MORI_IO_XGMI_BLOCK_THREADS.
+// MORI_IO_XGMI_PIECE_BYTES, MORI_IO_XGMI_BLOCK_THREADS, MORI_IO_XGMI_MAX_BLOCKS.
 struct XgmiTuning {
   int kernelMinSegments = 1;             // fewer segments: copy engines
   uint64_t kernelMaxAvgBytes = 4 << 20;  // larger average segment: copy engines
@@ -39,10 +44,13 @@ class XgmiBackend : public Backend {
   ~XgmiBackend() override;
 
   BackendType Type() const override { return BackendType::XGMI; }
+  void RegisterRemoteEngine(const EngineDesc& desc) override;
   void DeregisterRemoteEngine(const EngineDesc& desc) override;
   void RegisterMemory(MemoryDesc& desc) override;
+  void DeregisterMemory(const MemoryDesc& desc) override;
   bool CanHandle(const MemoryDesc& local, const MemoryDesc& remote) const override;
   void Submit(TransferRequest req) override;
+  void SubmitBatch(std::vector<TransferRequest>& reqs) override;
   std::unique_ptr<BackendSession> CreateSession(const MemoryDesc& local, const MemoryDesc& remote) override;
 
   // Both ends of a pair as this process sees them.
@@ -52,17 +60,37 @@ class XgmiBackend : public Backend {
     int device = -1;         // device whose stream does the copy
     bool kernelOk = false;   // both ends are device memory
     std::shared_ptr<const EngineDesc> target;
-    StreamPool::Device* resources = nullptr;  // cached by sessions; looked up per call otherwise
+    StreamPool::Device* resources = nullptr;  // the device's streams, slots, tables (set once resolved)
   };
   bool Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, StatusCode* code, std::string* err);
+  // Resolve through a cache keyed by (local id, remote engine, remote id):
+  // mapping lookups, peer checks and descriptor copies happen once per pair,
+  // not per transfer. A hit counts only when the remote descriptor is the
+  // cached one, IPC handle and offset included (a forged or stale descriptor
+  // under a known id is resolved, and checked, again). Entries go with the
+  // local region, or with the remote engine (deregistered or registered again).
+  bool CachedResolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, StatusCode* code,
+                     std::string* err);
   // Caller has route.device current.
   StreamPool::Device& Resources(const Route& route) {
     return route.resources ? *route.resources : pool_->ForDevice(route.device);
   }
-  void Launch(const Route& route, const SegmentList& segs, bool isRead, TransferUniqueId uid, const StatusPtr& status,
-              RegionPin pin);
-  // The scatter kernel (true) or copy engines (false) for this transfer.
-  bool UseKernel(const Route& route, const SegmentList& segs, uint64_t totalBytes) const;
+  // One transfer whose route is resolved.
+  struct Job {
+    const Route* route;
+    const SegmentList* segs;
+    TransferUniqueId uid;
+    StatusPtr status;
+    RegionPin pin;
+  };
+  // Moves `jobs` together (same direction; GPU<->GPU jobs initiated on
+  // route.device of the first): one kernel launch, the copy proxy, or
+  // copy-engine copies behind one event; every job's status ends with it.
+  // Jobs touching CPU memory must come alone.
+  void Launch(std::vector<Job>& jobs, bool isRead);
+  // The scatter kernel (true) or copy engines (false) for `segments` segments
+  // of `totalBytes` in all.
+  bool UseKernel(size_t segments, uint64_t totalBytes) const;
 
  private:
   int LocalOrdinal(const std::string& busId) const;
@@ -75,6 +103,23 @@ class XgmiBackend : public Backend {
   std::shared_ptr<StreamPool> pool_;
   std::unique_ptr<NotificationSender> notifier_;
   std::unique_ptr<CompletionWaiter> waiter_;
+  struct RouteKey {
+    MemoryUniqueId local;
+    MemoryUniqueId remote;
+    std::string engine;
+    bool operator==(const RouteKey& o) const { return local == o.local && remote == o.remote && engine == o.engine; }
+  };
+  struct RouteKeyHash {
+    size_t operator()(const RouteKey& k) const {
+      return std::hash<std::string>()(k.engine) ^ (static_cast<size_t>(k.local) << 32 | k.remote);
+    }
+  };
+  struct CachedRoute {
+    Route route;
+    MemoryDesc remote;  // the descriptor it was resolved from
+  };
+  std::shared_mutex routesMu_;
+  std::unordered_map<RouteKey, CachedRoute, RouteKeyHash> routes_;
   mutable std::mutex mu_;
   mutable std::unordered_map<std::string, int> ordinals_;
   mutable std::map<std::pair<int, int>, bool> peerCapable_;

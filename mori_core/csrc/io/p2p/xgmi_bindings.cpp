@@ -1,9 +1,14 @@
 // mori_core._C._xgmi_testing: the XGMI backend's scatter-copy kernel on a
 // caller's stream, so the IO benchmark can time the kernel alone (CUDA events
-// around it) beside the whole transfer, and sweep its shape. GPU builds only.
-// Internal: not part of the public API.
+// around it) beside the whole transfer, and sweep its shape; and copy-engine
+// baselines of the same pieces. GPU builds only. Internal: not part of the
+// public API.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "bindings/bindings.hpp"
 #include "common/error.hpp"
@@ -15,24 +20,93 @@ namespace py = pybind11;
 using namespace mori::io::p2p;
 
 namespace mori::bindings {
+namespace {
+
+void CheckLengths(const char* fn, size_t a, size_t b, size_t c) {
+  if (a != b || a != c) throw InvalidArgument(std::string(fn) + ": dsts, srcs and sizes must have the same length");
+}
+
+// One segment table per device for the benchmark's launches of more than
+// kParamSegments segments. Every launch of a timing loop carries the same
+// segments, so back-to-back launches (and graph replays) may share it; a
+// larger table is made only after the device went idle.
+SegmentTable& BenchTable(int device, size_t count) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<SegmentTable>> tables;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& t = tables[device];
+  if (!t || t->capacity() < count) {
+    MORI_GPU_CHECK(gpuDeviceSynchronize());
+    t.reset();
+    size_t cap = 4096;
+    while (cap < count) cap *= 2;
+    t = std::make_unique<SegmentTable>(device, cap);
+  }
+  return *t;
+}
+
+}  // namespace
 
 void RegisterXgmiTesting(py::module_& m) {
   py::module_ t = m.def_submodule("_xgmi_testing", "XGMI backend internals for the IO benchmark (not public API).");
   t.def(
       "scatter_copy",
       [](const std::vector<uint64_t>& dsts, const std::vector<uint64_t>& srcs, const std::vector<uint64_t>& sizes,
-         uint64_t stream, uint32_t pieceBytes, uint32_t threads) {
-        if (dsts.size() != srcs.size() || dsts.size() != sizes.size())
-          throw InvalidArgument("scatter_copy: dsts, srcs and sizes must have the same length");
-        std::vector<CopySeg> segs(dsts.size());
-        for (size_t i = 0; i < segs.size(); ++i) segs[i] = {srcs[i], dsts[i], sizes[i]};
-        ScatterShape shape{pieceBytes, threads};
+         uint64_t stream, uint32_t pieceBytes, uint32_t threads, uint32_t maxBlocks) {
+        CheckLengths("scatter_copy", dsts.size(), srcs.size(), sizes.size());
+        ScatterShape shape{pieceBytes, threads, maxBlocks};
+        auto s = reinterpret_cast<gpuStream_t>(stream);
         py::gil_scoped_release nogil;
-        LaunchScatterCopy(segs.data(), segs.size(), shape, KernelSignal{}, reinterpret_cast<gpuStream_t>(stream));
+        if (dsts.size() <= kParamSegments) {
+          std::vector<CopySeg> segs(dsts.size());
+          for (size_t i = 0; i < segs.size(); ++i) segs[i] = {srcs[i], dsts[i], sizes[i]};
+          LaunchScatterCopy(segs.data(), segs.size(), shape, KernelSignal{}, s);
+          return;
+        }
+        int device = 0;
+        MORI_GPU_CHECK(gpuGetDevice(&device));
+        SegmentTable& table = BenchTable(device, dsts.size());
+        SegmentTable::Entry* e = table.host();
+        for (size_t i = 0; i < dsts.size(); ++i) e[i] = {srcs[i], dsts[i], sizes[i], 0, 0};
+        LaunchScatterTable(table, dsts.size(), shape, KernelSignal{}, s);
       },
       py::arg("dsts"), py::arg("srcs"), py::arg("sizes"), py::arg("stream"), py::arg("piece_bytes") = 16384,
-      py::arg("threads") = 256,
-      "Enqueue the scatter-copy kernel on `stream` (a cudaStream_t as int; its device must be current).");
+      py::arg("threads") = 256, py::arg("max_blocks") = 0,
+      "Enqueue the scatter-copy kernel on `stream` (a cudaStream_t as int; its device must be current). More than "
+      "64 segments go through a segment table shared by the calls on that device (same segments each time).");
+  t.def(
+      "copy_engine_pieces",
+      [](const std::vector<uint64_t>& dsts, const std::vector<uint64_t>& srcs, const std::vector<uint64_t>& sizes,
+         uint64_t stream, bool batched) {
+        CheckLengths("copy_engine_pieces", dsts.size(), srcs.size(), sizes.size());
+        auto s = reinterpret_cast<gpuStream_t>(stream);
+        py::gil_scoped_release nogil;
+        if (!batched) {
+          for (size_t i = 0; i < dsts.size(); ++i)
+            MORI_GPU_CHECK(gpuMemcpyAsync(reinterpret_cast<void*>(dsts[i]), reinterpret_cast<const void*>(srcs[i]),
+                                          sizes[i], gpuMemcpyDefault, s));
+          return;
+        }
+#if !defined(MORI_GPU_HIP) && defined(CUDART_VERSION) && CUDART_VERSION >= 13000
+        std::vector<void*> d(dsts.size());
+        std::vector<const void*> sr(srcs.size());
+        std::vector<size_t> n(sizes.size());
+        for (size_t i = 0; i < dsts.size(); ++i) {
+          d[i] = reinterpret_cast<void*>(dsts[i]);
+          sr[i] = reinterpret_cast<const void*>(srcs[i]);
+          n[i] = sizes[i];
+        }
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        size_t attrIdx = 0;
+        MORI_GPU_CHECK(cudaMemcpyBatchAsync(d.data(), sr.data(), n.data(), d.size(), &attr, &attrIdx, 1, s));
+#else
+        throw BadState("copy_engine_pieces(batched=True) needs cudaMemcpyBatchAsync (CUDA 13 runtime headers)");
+#endif
+      },
+      py::arg("dsts"), py::arg("srcs"), py::arg("sizes"), py::arg("stream"), py::arg("batched") = false,
+      "Copy-engine baseline of a batch of pieces on `stream`: one cudaMemcpyAsync per piece, or (batched) one "
+      "cudaMemcpyBatchAsync for all of them.");
   t.def(
       "enable_peer_access",
       [](int device, int peer) {
