@@ -268,3 +268,39 @@ def test_listener_limits_out_of_range_raise_naming_the_variable(monkeypatch, var
     e = IOEngine(f"limits-{var}", IOEngineConfig("127.0.0.1", 0))
     with pytest.raises(ValueError, match=var):
         e.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=1))
+
+
+def test_out_of_descriptors_the_oldest_unauthenticated_connection_makes_room(tmp_path):
+    """Item 3 of #29: a target allowed 96 descriptors, 300 silent connections. When accept
+    runs out of descriptors the oldest connection in the handshake is closed, so a new engine
+    still gets in at once and the listener neither spins nor grows threads (main: the new
+    engine waited for the silent ones' handshake timeout, its accept thread spinning)."""
+    from mori_core.bench.chaos_flood import FloodTarget, legit_transfer
+    from mori_core.bench.peer import process_stats
+
+    t = FloodTarget(str(tmp_path / "target.log"), {}, fd_limit=96)
+    silent = []
+    try:
+        assert legit_transfer(t, 0)[0] is not None
+        base = process_stats(t.proc.proc.pid)
+        for _ in range(300):
+            silent.append(socket.create_connection(("127.0.0.1", t.desc.port), timeout=5))
+        time.sleep(0.3)
+        took, err = legit_transfer(t, 1)
+        assert took is not None, err
+        assert took <= 1.0, f"the new engine needed {took:.2f} s"
+        with open(f"/proc/{t.proc.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks0 = int(fields[11]) + int(fields[12])
+        time.sleep(1.0)
+        with open(f"/proc/{t.proc.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        busy = (int(fields[11]) + int(fields[12]) - ticks0) / os.sysconf("SC_CLK_TCK")
+        assert busy < 0.5, f"the target used {busy:.2f} s of CPU in 1 s with its descriptors full (spinning)"
+        assert process_stats(t.proc.proc.pid)["threads"] <= base["threads"] + 4
+    finally:
+        for s in silent:
+            s.close()
+        t.close()
+    log = (tmp_path / "target.log").read_text(errors="replace")
+    assert "out of file descriptors" in log, log[-2000:]

@@ -42,7 +42,7 @@ from mori_core.bench.peer import process_stats
 from mori_core.bench.spawned import SpawnedProcess
 from mori_core.bench.wire import HELLO_MAGIC
 
-__all__ = ["FLOODS", "FloodResult", "run_flood"]
+__all__ = ["FLOODS", "FloodResult", "FloodTarget", "legit_transfer", "run_flood"]
 
 # What each attack opens: (mode, count) pairs, by profile.
 FLOODS: Dict[str, Dict[str, List[Tuple[str, int]]]] = {
@@ -81,25 +81,31 @@ def _raise_fd_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def _target_serve(pipe: Any, log_path: str, env: Dict[str, str]) -> None:
-    """A TCP target engine whose stderr (the engine's log) goes to ``log_path``."""
+def _target_serve(pipe: Any, log_path: str, env: Dict[str, str], fd_limit: int) -> None:
+    """A TCP target engine whose stderr (the engine's log) goes to ``log_path``; ``fd_limit``
+    > 0 lowers its descriptor limit to that, else it is raised to the hard limit."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 2)
     os.close(fd)
     os.environ.update(env)
-    _raise_fd_limit()  # as a server would run: the "before" build needs a descriptor per connection
+    if fd_limit > 0:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    else:
+        _raise_fd_limit()  # as a server would run: the "before" build needs a descriptor per connection
     from mori_core.bench.peer import _serve
 
     _serve(pipe, "chaos-flood-target", "", {"num_connections": 1})
 
 
-class _Target:
-    def __init__(self, log_path: str, env: Dict[str, str]) -> None:
+class FloodTarget:
+    """A target engine in its own process with a 64 KiB shared, registered region (``mem``)."""
+
+    def __init__(self, log_path: str, env: Dict[str, str], fd_limit: int = 0) -> None:
         from multiprocessing import shared_memory
 
         from mori_core.io import EngineDesc, MemoryDesc
 
-        self.proc = SpawnedProcess(_target_serve, (log_path, env), start_timeout=60, call_timeout=30)
+        self.proc = SpawnedProcess(_target_serve, (log_path, env, fd_limit), start_timeout=60, call_timeout=30)
         self.desc = EngineDesc.unpack(self.proc.hello)
         self.shm = shared_memory.SharedMemory(create=True, size=REGION_BYTES)
         self.region = self.shm.buf
@@ -115,7 +121,7 @@ class _Target:
         self.shm.unlink()
 
 
-def _legit_transfer(target: _Target, n: int, timeout_ms: int = 10_000) -> Tuple[Optional[float], str]:
+def legit_transfer(target: FloodTarget, n: int, timeout_ms: int = 10_000) -> Tuple[Optional[float], str]:
     """A new engine registers the target, writes 64 KiB of random bytes and reads them back.
     Returns (seconds from registering to the checked read-back, "") or (None, error)."""
     import numpy as np
@@ -299,11 +305,11 @@ def run_flood(attack: str, profile: str = "short", env: Optional[Dict[str, str]]
     _raise_fd_limit()
     log = tempfile.NamedTemporaryFile(prefix="chaos-flood-", suffix=".log", delete=False)
     log.close()
-    target: Optional[_Target] = None
+    target: Optional[FloodTarget] = None
     flooder: Optional[SpawnedProcess] = None
     try:
-        target = _Target(log.name, dict(env or {}))
-        took, err = _legit_transfer(target, 0)  # warm: the target serves before the flood
+        target = FloodTarget(log.name, dict(env or {}))
+        took, err = legit_transfer(target, 0)  # warm: the target serves before the flood
         if took is None:
             res.failures.append(f"before the flood: {err}")
             return res
@@ -313,7 +319,7 @@ def run_flood(attack: str, profile: str = "short", env: Optional[Dict[str, str]]
         try:
             flooder = SpawnedProcess(_flooder, (target.desc.port, plan, 29), start_timeout=300, call_timeout=60)
             _, res.opened, res.connect_failures = flooder.hello
-            res.legit_s, res.legit_error = _legit_transfer(target, 1)
+            res.legit_s, res.legit_error = legit_transfer(target, 1)
             flooder.send("stop")
             _, res.opened, res.connect_failures = flooder.result(60, "stop")
         finally:
@@ -326,7 +332,7 @@ def run_flood(attack: str, profile: str = "short", env: Optional[Dict[str, str]]
             if res.after["fds"] <= res.before["fds"] + fd_slack or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        took, err = _legit_transfer(target, 2)
+        took, err = legit_transfer(target, 2)
         if took is None:
             res.failures.append(f"after the flood: {err}")
     except Exception as exc:  # a crashed target, a flooder that could not run
