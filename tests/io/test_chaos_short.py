@@ -2,8 +2,11 @@
 
 Fails on any crash, hang (every step is bounded), lost or corrupt byte, failed
 legitimate transfer after fuzzing, descriptor growth above 8 or RSS growth above
-64 MiB per listener, and a killed or stopped peer noticed later than 2 s. The
-SGLang bootstrap server is fuzzed by tests/integrations/sglang/test_chaos_bootstrap.py
+64 MiB per listener, a killed or stopped peer noticed later than 2 s, and any
+control-plane attack that gets through: a pull replayed to another sender and
+accepted, pre-authentication RSS growth above 64 MiB or a legitimate message
+delayed past 2 s during a flood, more than 100 log lines per 10,000 bad inputs
+from many source addresses. The SGLang bootstrap server is fuzzed by tests/integrations/sglang/test_chaos_bootstrap.py
 (its environment has sglang). Timings are printed, never asserted.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from mori_core.bench.chaos import run_faults, run_fuzz, run_load_section
+from mori_core.bench.chaos import ATTACK_NAMES, run_attacks, run_faults, run_fuzz, run_load_section
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
@@ -33,4 +36,10 @@ def test_faults() -> None:
 
 def test_load_30s() -> None:
     failures = run_load_section(pairs=8, seconds=30.0)
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("attack", ATTACK_NAMES)
+def test_attack(attack: str) -> None:
+    failures = run_attacks([attack], 2000, require_installed=True)
     assert not failures, failures

