@@ -167,13 +167,13 @@ class ControlCodec:
         """
         try:
             return self._decode(frames, _as_bytes(recipient))
-        except ControlMessageError:
-            raise
         except Exception as e:  # e.g. UnicodeDecodeError from msgspec, a validate() that tripped
             if not self._secret and self._looks_signed(frames):
                 raise ControlMessageError(
                     "peer authenticates its control messages but this side has no shared secret"
                 ) from None
+            if isinstance(e, ControlMessageError):
+                raise
             raise ControlMessageError(f"malformed control message ({type(e).__name__}: {str(e)[:200]})") from None
 
     def _decode(self, frames: List[bytes], recipient: bytes) -> Any:
@@ -207,8 +207,9 @@ class ControlCodec:
         return message
 
     def _looks_signed(self, frames: List[bytes]) -> bool:
-        """A hint for the error message only: the last frame has the shape of a tag."""
-        return len(frames) >= 4 and _TAG_BYTES <= len(frames[-1]) <= _TAG_BYTES + MAX_RECIPIENT_BYTES
+        """For the error message of a message that failed anyway: its last frame has a tag's shape."""
+        return (len(frames) >= 4 and frames[0] == self.guard
+                and _TAG_BYTES <= len(frames[-1]) <= _TAG_BYTES + MAX_RECIPIENT_BYTES)
 
     # ------------------------------------------------------------- auth
     def _mac(self, kind: bytes, recipient: bytes, nonce: bytes, stamp: bytes, pieces: Sequence[bytes]) -> bytes:

@@ -40,6 +40,7 @@ from zmq.utils import z85
 
 __all__ = [
     "CurveKeys",
+    "bound_context",
     "HANDSHAKE_IVL_MS",
     "LISTENER_RCVHWM",
     "close_listener",
@@ -138,6 +139,18 @@ def secure_listener(sock: zmq.Socket, secret: bytes, max_frame_bytes: int, rcvhw
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
     return True
+
+
+def bound_context(ctx: zmq.Context, max_frame_bytes: int, rcvhwm: int = LISTENER_RCVHWM) -> None:
+    """Make the frame and queue bounds defaults of every socket ``ctx`` creates from now on.
+
+    For listeners bound by code that is not ours (SGLang binds its PD control socket
+    inside ``CommonKVManager.__init__``): options set after ``bind`` do not reach the
+    connections it accepts. No CURVE here: the peers' sockets are not ours either.
+    """
+    ctx.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    ctx.setsockopt(zmq.RCVHWM, rcvhwm)
+    ctx.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
 
 
 def close_listener(sock: zmq.Socket, authenticated: bool) -> None:
