@@ -10,7 +10,7 @@ this process, on loopback:
   from the second sender still finds its payload.
 * ``preauth`` -- pre-authentication memory (PD side channel, Omni sender, both with a
   secret): 30 messages of 60 MiB with a zero tag, one endless multipart message of
-  64 KiB frames, 60 MiB handshake frames on 30 connections -- all over raw TCP (ZMTP),
+  32 KiB frames, 60 MiB handshake frames on 30 connections -- all over raw TCP (ZMTP),
   since libzmq's own sockets would not send some of them. Measured: the listener's RSS
   peak and end growth, and how long a legitimate notification (PD) or fetch (Omni) sent
   during the flood took.
@@ -286,8 +286,9 @@ def _short(reply: Any) -> str:
     if isinstance(reply, str):
         return reply
     reason = getattr(reply, "reason", None) or getattr(reply, "error", "")
-    name = type(reply).__name__
-    return f"{name}({getattr(reply, 'ok', '')}{', ' if reason else ''}{reason[:60]})"
+    ok = getattr(reply, "ok", None)
+    inside = ", ".join(str(x) for x in (ok, reason[:60]) if x not in (None, ""))
+    return f"{type(reply).__name__}({inside})"
 
 
 # ------------------------------------------------------------- pre-auth flood
@@ -316,15 +317,15 @@ def _flood_zero_tag(port: int, socket_type: str, guard: bytes, kind: bytes, stop
 
 
 def _flood_endless_multipart(port: int, socket_type: str, stop: threading.Event) -> str:
-    """64 KiB frames with the 'more' flag, never a last one (2,000 frames = 125 MiB)."""
-    piece = zmtp.frame(bytes(64 << 10), more=True)
+    """32 KiB frames (under every frame bound) with the 'more' flag, never a last one (4,000 = 125 MiB)."""
+    piece = zmtp.frame(bytes(32 << 10), more=True)
     sent = 0
     try:
         s = zmtp.connect(port, socket_type)
     except OSError as exc:
         return f"refused at the greeting ({type(exc).__name__})"
     try:
-        for _ in range(2000):
+        for _ in range(4000):
             if stop.is_set():
                 break
             s.sendall(piece)
@@ -376,7 +377,7 @@ def attack_preauth(listener: str, secret: str = SECRET) -> List[AttackResult]:
     floods: List[tuple] = [
         ("30 x 60 MiB, zero tag", True,
          lambda t, stop: _flood_zero_tag(t.port, t.socket_type, t.guard, t.kind, stop)),
-        ("endless multipart, 2,000 x 64 KiB", bool(secret),
+        ("endless multipart, 4,000 x 32 KiB", bool(secret),
          lambda t, stop: _flood_endless_multipart(t.port, t.socket_type, stop)),
         ("60 MiB handshake frame x 30 conns", True, lambda t, stop: _flood_handshake_frames(t.port, stop)),
     ]
