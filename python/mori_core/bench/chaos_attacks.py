@@ -499,7 +499,8 @@ def _one_flood(target: "_PreauthTarget", name: str, flood: Callable[[threading.E
     after = proc.call("stats")["rss"]
     res.seconds = time.monotonic() - t0
     mib = 1 << 20
-    res.figures = {"RSS peak growth MiB": round((peak - before) / mib, 1), "RSS end growth MiB": round((after - before) / mib, 1),
+    res.figures = {"RSS peak growth MiB": round((peak - before) / mib, 1),
+                   "RSS end growth MiB": round((after - before) / mib, 1),
                    "legit message during flood s": "not delivered" if took is None else round(took, 3),
                    "attacker": outcome[0] if outcome else "did not finish"}
     if (peak - before) / mib > RSS_BOUND_MIB:
