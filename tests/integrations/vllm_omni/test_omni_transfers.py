@@ -17,6 +17,7 @@ import pytest
 import zmq
 
 from omni_workers import digest, find_free_base, make_payload
+from mori_integrations.common.control_codec import PIECE_BYTES
 from mori_integrations.vllm_omni import protocol
 
 SEED_004_SIZES = [3305, 1_611_713]  # 3.3 KB (talker -> code2wav), 1.6 MB (thinker -> talker)
@@ -150,14 +151,17 @@ def test_malformed_control_messages_get_clear_errors_and_change_nothing(pair) ->
         "a reply": [protocol.GUARD, b"NOTFOUND", msgspec.msgpack.encode({"seq": 1, "key": key})],
         "negative offset": pull(dst_offset=-4096),
         "zero length": pull(length=0),
-        "over frame limit": query(b"\x00" * (protocol.MAX_FRAME_BYTES + 100)),
+        # bodies travel in frames of at most PIECE_BYTES: a body over the limit in frames within the bound
+        "over message limit": query(b"\x00" * PIECE_BYTES) + [b"\x00" * PIECE_BYTES, b"\x00" * 100],
         "two frames": [b"a", b"b"],
     }
     for name, frames in cases.items():
         reply = _raw_request(port, frames)
         assert isinstance(reply, protocol.Rejected), (name, reply)
         assert reply.reason, name
-    # Far above the limit ZMQ drops the peer: no reply, no memory spent, listener alive.
+    # A frame above the frame bound (a piece + 1 KiB) makes ZMQ drop the peer at the frame
+    # header: no reply, no memory spent, listener alive.
+    assert _raw_request(port, query(b"\x00" * (PIECE_BYTES + 2048)), timeout_s=1.0) is None
     assert _raw_request(port, query(b"\x00" * (8 << 20)), timeout_s=1.0) is None
 
     # Well-formed but wrong: answered with a reason, the payload stays offered.
