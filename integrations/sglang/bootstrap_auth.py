@@ -113,6 +113,11 @@ class SignedRouteRegistration:
         for attempt in range(self._ROUTE_ATTEMPTS):
             try:
                 ident = requests.get(base + IDENTITY_PATH, timeout=5)
+                if ident.status_code == 404:  # not our server (e.g. SGLang's Rust registry): it cannot check a tag
+                    logger.warning("the bootstrap registry at %s is not mori-suite's (no %s): registering without "
+                                   "authentication", base, IDENTITY_PATH)
+                    super()._register_topology_row(url, payload)  # type: ignore[misc]
+                    return
                 if ident.status_code != 200:
                     raise RuntimeError(f"{IDENTITY_PATH} answered {ident.status_code} (is the bootstrap server "
                                        "mori-suite's, with the same MORI_IO_AUTH_SECRET?)")

@@ -165,3 +165,38 @@ def test_with_a_secret_only_a_registration_signed_for_this_server_is_accepted_on
     finally:
         server.close()
         other.close()
+
+
+def test_with_a_secret_a_registry_that_is_not_ours_gets_the_stock_registration(monkeypatch, caplog) -> None:
+    """SGLang's own server (or its Rust registry) cannot check a tag: the manager registers as stock does, and says so."""
+    from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
+
+    monkeypatch.setenv("MORI_IO_AUTH_SECRET", SECRET)
+    caplog.set_level(logging.WARNING)
+    port = _free_port()
+    stock = CommonKVBootstrapServer("127.0.0.1", port)
+    try:
+        for _ in range(200):  # its thread binds in the background
+            if _http_up(port):
+                break
+        _Registrar()._register_topology_row(f"http://127.0.0.1:{port}/route", GOOD)
+        assert _registered_port(port) == GOOD["rank_port"]
+        assert any("registering without authentication" in r.getMessage() for r in caplog.records)
+    finally:
+        stock.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http_up(port: int) -> bool:
+    import time
+
+    try:
+        return _http(port, "GET", "/health")[0] == 200
+    except OSError:
+        time.sleep(0.05)
+        return False
