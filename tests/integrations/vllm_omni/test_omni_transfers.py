@@ -16,7 +16,7 @@ import msgspec
 import pytest
 import zmq
 
-from omni_workers import digest, find_free_base, make_payload
+from omni_workers import digest, find_free_base, make_payload, wait_until
 from mori_integrations.common.control_codec import PIECE_BYTES
 from mori_integrations.vllm_omni import protocol
 
@@ -107,6 +107,22 @@ def test_cleanup_withdraws_a_payload(pair) -> None:
     assert snd.call("cleanup", cid="s", key="gone", frm="0", to="1") is True
     assert snd.call("cleanup", cid="s", key="gone", frm="0", to="1") is False
     assert not rcv.call("get", cid="r", frm="0", to="1", key="gone", md=put["md"])["found"]
+    assert snd.call("health", cid="s")["pool_used_bytes"] == 0
+
+
+def test_a_released_zero_copy_buffer_stays_pinned_until_pulled(pair) -> None:
+    """Issue #29 item 6: main let the next allocation overwrite it; the receiver got b'BBBB' for b'AAAA'."""
+    snd, rcv, _ = pair
+    nbytes = 3 * 4096
+    put = snd.call("put_own_buffer_and_release", cid="s", frm="0", to="1", key="own", nbytes=nbytes, seed=29)
+    assert put["ok"] and put["size"] == nbytes
+    assert not put["reused"], "the next allocation got the released, still published bytes"
+    assert put["used_bytes"] == 2 * nbytes  # the published range is held, the new payload lies beside it
+    got = rcv.call("get", cid="r", frm="0", to="1", key="own", md=put["md"])
+    assert got["found"] and got["digest"] == put["digest"], "the receiver got other bytes than were put"
+    # Pulled: the hold ended and the bytes went back to the pool; only the second payload remains.
+    assert wait_until(lambda: snd.call("health", cid="s")["pool_used_bytes"] == nbytes, 10)
+    snd.call("release_reserved", cid="s", key="own")
     assert snd.call("health", cid="s")["pool_used_bytes"] == 0
 
 
