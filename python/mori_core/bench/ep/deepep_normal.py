@@ -120,8 +120,7 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
     """The DeepEP rows of one token count (collective: every rank runs the same calls).
 
     ``data``: ``idx`` (int32 routing), ``w``, ``x`` (bf16), ``x8``/``s8`` (FP8 tokens and scales,
-    or None), ``y`` (our expert outputs of our BF16 dispatch, in our row order), ``out_w`` (our
-    received weights), ``recv`` (rows received)."""
+    or None). Our combines take their expert outputs from a dispatch of their own (see ``ours``)."""
     import torch
 
     cfg = op.config
