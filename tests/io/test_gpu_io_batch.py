@@ -194,7 +194,7 @@ def test_grid_settings_move_the_same_bytes(pair, env, monkeypatch) -> None:
         monkeypatch.setenv(k, v)
     init = _initiator(f"grid-init-{env['MORI_IO_XGMI_MAX_BLOCKS']}")
     init.register_remote_engine(target.desc)
-    span = 8 << 20
+    span = 16 << 20  # slots of 80 KiB: no two destinations overlap (the largest segment is 64 KiB + 3)
     name = f"grid-{env['MORI_IO_XGMI_MAX_BLOCKS']}"
     rm = target.alloc(name, span, 1)
     target.call("fill", (name, 0x5A))
@@ -203,6 +203,7 @@ def test_grid_settings_move_the_same_bytes(pair, env, monkeypatch) -> None:
     rng = np.random.default_rng(9)
     sizes = np.concatenate([[0, 1, 4095, 4097, 65536 + 3], rng.integers(1, 40_000, 200)]).astype(np.int64)
     slots = span // len(sizes)
+    assert slots >= int(sizes.max()) + 7, "overlapping destinations would make the expected bytes ambiguous"
     lo = np.arange(len(sizes), dtype=np.int64) * slots + 1
     ro = rng.permutation(len(sizes)).astype(np.int64) * slots + 7
     sess = init.create_session(lm, rm)

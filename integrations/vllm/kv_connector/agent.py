@@ -36,11 +36,12 @@ from mori_integrations.vllm.kv_connector.messages import (
     LayerLayout,
     WriteDone,
     WriteRequest,
+    encoded_metadata,
     make_codec,
 )
 from mori_integrations.vllm.kv_connector.metadata import PeerAddress
 from mori_integrations.vllm.kv_connector.peer_watch import Address, PeerWatch
-from mori_integrations.vllm.kv_connector.planner import LayerPlanner, pair_blocks
+from mori_integrations.vllm.kv_connector.planner import LayerPlanner, PreparedLayers, pair_blocks
 from mori_integrations.vllm.kv_connector.stats import TransferCounters
 from mori_integrations.vllm.kv_connector.trace import PhaseTrace
 
@@ -49,6 +50,7 @@ __all__ = ["AgentIdentity", "Peer", "TransferAgent", "pair_blocks"]
 logger = logging.getLogger(__name__)
 
 _MAX_PEERS = 256
+_MAX_PLAN_GROUPS = 1024  # cached layer groupings (peers x directions x layer lists)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +122,7 @@ class TransferAgent:
         self._layer_names = [layer.name for layer in self.layers]
         self._local_layers = {layer.name: layer for layer in self.layers}
         self.planner = LayerPlanner()
+        self._plan_groups: Dict[Tuple[str, bool, Optional[Tuple[str, ...]]], List[Any]] = {}
         self.trace = PhaseTrace()
         self._kv_caches = dict(kv_caches)  # keep the registered memory alive
         gpu = any(r.device_index >= 0 for r in layout.regions)
@@ -164,6 +167,7 @@ class TransferAgent:
                 notify_host=config.host_ip,
                 notify_port=self.notify_port,
             )
+            self.metadata_raw = encoded_metadata(self.metadata)  # what every WriteRequest carries
             self.notifier = Notifier(self.codec, self.ctx)
             self.pool = ThreadPoolExecutor(config.transfer_threads, thread_name_prefix=f"mori-kv-tp{identity.tp_rank}")
             self.producer = ProducerSide(self)
@@ -365,28 +369,43 @@ class TransferAgent:
         batch = TransferBatch()
         if not head_pairs:
             return batch
+        for (local_region, remote_region, group), prepared in self._region_pairs(peer, local_is_source, layer_names):
+            if group >= len(blocks):
+                continue
+            local_blocks, remote_blocks = blocks[group]
+            if local_is_source:
+                segs = self.planner.plan(prepared, local_blocks, remote_blocks, head_pairs)
+            else:
+                remote_off, local_off, sizes = self.planner.plan(prepared, remote_blocks, local_blocks, head_pairs)
+                segs = (local_off, remote_off, sizes)
+            batch.add(self.regions[local_region], peer.regions[remote_region], segs)
+        return batch
+
+    def _region_pairs(
+        self, peer: Peer, local_is_source: bool, layer_names: Optional[Sequence[str]]
+    ) -> List[Tuple[Tuple[int, int, int], PreparedLayers]]:
+        """The named (or all) layers grouped per (local region, remote region, KV cache group), each
+        group prepared for the planner: every layer of a region pair goes to the engine as one batch
+        entry (one launch for the whole request). Cached per peer, direction and layer list (a
+        peer's layers never change: a restarted peer is another key)."""
+        key = (peer.key, local_is_source, None if layer_names is None else tuple(layer_names))
+        hit = self._plan_groups.get(key)
+        if hit is not None:
+            return hit
         names = layer_names if layer_names is not None else self._layer_names
-        # One segment list per (local region, remote region, KV cache group): every layer of a
-        # region pair goes to the engine as one batch entry (one launch for the whole request).
         grouped: Dict[Tuple[int, int, int], List[Tuple[LayerLayout, LayerLayout]]] = {}
         for name in names:
             local = self._local_layers[name]
             remote = peer.layers.get(name)
             if remote is None:
                 raise PlanError(f"the peer has no KV cache layer {name} (different model or pipeline split?)")
-            if local.group >= len(blocks):
-                continue
             pair = (local, remote) if local_is_source else (remote, local)
             grouped.setdefault((local.region, remote.region, local.group), []).append(pair)
-        for (local_region, remote_region, group), layer_pairs in grouped.items():
-            local_blocks, remote_blocks = blocks[group]
-            if local_is_source:
-                segs = self.planner.plan(layer_pairs, local_blocks, remote_blocks, head_pairs)
-            else:
-                remote_off, local_off, sizes = self.planner.plan(layer_pairs, remote_blocks, local_blocks, head_pairs)
-                segs = (local_off, remote_off, sizes)
-            batch.add(self.regions[local_region], peer.regions[remote_region], segs)
-        return batch
+        out = [(k, self.planner.prepare(pairs)) for k, pairs in grouped.items()]
+        if len(self._plan_groups) >= _MAX_PLAN_GROUPS:
+            self._plan_groups.clear()
+        self._plan_groups[key] = out
+        return out
 
     # ------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -298,7 +298,7 @@ class ConsumerSide:
             positions.append(start)
         budget_ms = int(max(0.0, recv.deadline - time.monotonic() - agent.config.transfer_timeout_s) * 1000)
         request = WriteRequest(
-            transfer_id=job.transfer_id, consumer=agent.metadata, block_ids=block_ids, positions=positions,
+            transfer_id=job.transfer_id, consumer=agent.metadata_raw, block_ids=block_ids, positions=positions,
             budget_ms=budget_ms,
         )
         with agent.lock:

@@ -64,7 +64,7 @@ class _Target:
 
     @property
     def rank(self) -> int:
-        return self.request.consumer.tp_rank
+        return self.request.consumer_meta.tp_rank
 
     @property
     def writing(self) -> bool:
@@ -172,7 +172,7 @@ class ProducerSide:
     def on_write_request(self, request: WriteRequest) -> None:
         """WRITE mode: a consumer rank says where to write (control thread)."""
         self._agent.trace.mark(request.transfer_id, "write_request_received")
-        consumer = request.consumer
+        consumer = request.consumer_meta
         if request.producer_key and request.producer_key != self._agent.engine_key:
             # Meant for the process that had these ports before us: it held the request, we never will.
             self._reply(consumer.notify_host, consumer.notify_port, request.transfer_id, False, 0, 0,
@@ -308,7 +308,7 @@ class ProducerSide:
         send.accounted.add(target.rank)
         ok = target.failure is None and target.abort is None
         reason = target.failure or target.abort or ""
-        consumer = target.request.consumer
+        consumer = target.request.consumer_meta
         self._agent.trace.mark(send.transfer_id, "write_done_sent")
         self._reply(consumer.notify_host, consumer.notify_port, send.transfer_id, ok, target.nbytes if ok else 0,
                     elapsed_us, reason)
@@ -337,7 +337,7 @@ class ProducerSide:
         if send.job is None:
             raise PlanError("the request's blocks are unknown on the prefill")
         agent, req = self._agent, target.request
-        ident, consumer = agent.identity, req.consumer
+        ident, consumer = agent.identity, req.consumer_meta
         if consumer.total_kv_heads != ident.total_kv_heads or consumer.replicated_heads != ident.replicated_heads:
             raise PlanError(
                 f"KV heads differ: prefill {ident.total_kv_heads}, decode {consumer.total_kv_heads} (same model?)"

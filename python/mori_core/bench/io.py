@@ -68,8 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pieces", default="",
                    help="XGMI: many-piece batches COUNTxSIZE,... (e.g. 8192x32K,64x8K,64x128K) at scattered offsets, "
                         "beside copy-engine baselines of the same pieces ('' = none; --sizes '' skips the matrix)")
-    p.add_argument("--xgmi-sweep", action="store_true",
-                   help="XGMI --pieces: repeat the many-piece rows under other kernel settings (MORI_IO_XGMI_*)")
+    p.add_argument("--xgmi-sweep", nargs="?", const="all", default=None, metavar="SETTINGS",
+                   help="XGMI --pieces: repeat the many-piece rows under other engine settings (MORI_IO_XGMI_*): "
+                        "the built-in list, or SETTINGS as 'A=1,B=2;C=3' (one setting per ';', the defaults first)")
     p.add_argument("--plot", metavar="FILE", help="write a PNG chart of bandwidth vs message size")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -401,8 +402,8 @@ def run(args: argparse.Namespace) -> int:
             lone = sizes[0]
             extra["lone"] = (lone, *_time_host(_lone_write(session, lone), max(args.iters, 50), args.warmup))
         if pieces:
-            extra["pieces"] = _pieces(args, pieces, engine, session, lm, buf, rm, [MemoryDesc.unpack(d) for d in tslices],
-                                      tdesc, nbytes)
+            _pieces(args, pieces, engine, session, lm, buf, rm, [MemoryDesc.unpack(d) for d in tslices], tdesc, nbytes,
+                    f"GPU {args.initiator_device} -> GPU {args.target_device}, {_hardware(mem)}")
         if args.breakdown and sizes:
             extra["breakdown"] = _breakdowns(session, sizes, args, nbytes)
         if xgmi_gpu and sizes and (args.breakdown or args.kernel_sweep):
@@ -429,24 +430,34 @@ def run(args: argparse.Namespace) -> int:
         _report(args, results, large_rows, mem, str(route).split(".")[-1], sizes, extra)
     if args.plot:
         _plot(args.plot, results, args)
-    if "pieces" in extra:
-        io_pieces.report(pieces, *extra["pieces"], f"GPU {args.initiator_device} -> GPU {args.target_device}, "
-                         f"{_hardware(mem)}")
     return 0
 
 
-def _pieces(args, rows, engine, session, lm, buf, rm, remote_slices, tdesc, nbytes: int) -> tuple:
-    """The many-piece rows (``io_pieces``): engine rows, breakdown, same-run baselines, the kernel sweep."""
+def _pieces(args, rows, engine, session, lm, buf, rm, remote_slices, tdesc, nbytes: int, where: str) -> None:
+    """The many-piece rows (``io_pieces``), each table printed as soon as it is measured (a run cut
+    short by its time limit keeps what it had): the summary with its same-run baselines first, then
+    the host-time breakdown, then the engine-setting sweep."""
     from mori_core.bench import io_pieces
     from mori_core.io import EngineDesc
+
+    t0 = time.monotonic()
+
+    def stage(what: str) -> None:
+        print(f"[io --pieces] {what}: {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
 
     ptr, dev = buf.tensor.data_ptr(), args.initiator_device
     setup = io_pieces.Setup(engine, session, lm, io_pieces.slice_descs(engine, ptr, nbytes, dev), rm, remote_slices)
     eng = io_pieces.engine_rows(setup, rows, args.iters, args.warmup)
-    breakdown = io_pieces.breakdowns(setup, rows, args.iters, args.warmup) if args.breakdown else []
+    stage("engine rows")
     base = io_pieces.baselines(rows, dev, args.target_device, args.iters, args.warmup)
-    sweep_rows = []
-    if args.xgmi_sweep:
+    stage("baselines")
+    io_pieces.report_summary(rows, eng, base, where)
+    if args.breakdown:
+        io_pieces.report_breakdown(io_pieces.breakdowns(setup, rows, args.iters, args.warmup))
+        stage("breakdown")
+    if args.xgmi_sweep is not None:
+        settings = io_pieces.SWEEP if args.xgmi_sweep == "all" else [""] + [
+            part.strip() for part in args.xgmi_sweep.split(";") if part.strip()]
         made = iter(range(1 << 30))
 
         def make(setting: str) -> "io_pieces.Setup":
@@ -461,9 +472,9 @@ def _pieces(args, rows, engine, session, lm, buf, rm, remote_slices, tdesc, nbyt
             for d in [s.lm] + s.local_slices:
                 s.engine.deregister_memory(d)
 
-        sweep_rows = io_pieces.sweep(make, close, rows, io_pieces.SWEEP, args.iters, args.warmup, dev,
-                                     args.target_device)
-    return eng, base, breakdown, sweep_rows
+        io_pieces.report_sweep(rows, io_pieces.sweep(make, close, rows, settings, args.iters, args.warmup, dev,
+                                                     args.target_device))
+        stage("sweep")
 
 
 def _breakdowns(session, sizes, args, nbytes: int) -> list[tuple[str, str, dict]]:

@@ -15,13 +15,15 @@ one contiguous ``Tensor.copy_`` of the same bytes, and the scatter kernel alone 
 in a CUDA graph). Latency is eager: from the call until completion was seen, iterations
 back to back; "host" is the time inside the call.
 
-``--xgmi-sweep`` repeats the engine rows with other kernel settings (``MORI_IO_XGMI_*``,
-read when a backend is created: each setting gets a fresh initiator engine in this process).
+``--xgmi-sweep`` repeats the engine rows with other engine settings (``MORI_IO_XGMI_*``, the
+copy proxy's ``MORI_IO_XGMI_PROXY_BLOCKS`` included; read when a backend is created: each setting
+gets a fresh initiator engine in this process). Tables print as soon as they are measured.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -218,6 +220,7 @@ def sweep(make: Callable[[str], Setup], close: Callable[[Setup], None], rows: Se
         k = timer.kernel_segments(dsts, srcs, sz, *shape)
         row.append(k["gpu_us"] or 0.0)
         table.append(row)
+        print(f"[io --pieces] sweep: {setting or 'defaults'} done", file=sys.stderr, flush=True)
     return table
 
 
@@ -251,25 +254,32 @@ class EnvSetting:
                 os.environ[k] = v
 
 
-def report(rows: Sequence[Tuple[int, int]], eng: Dict, base: Dict, breakdown_rows: List[Tuple[str, Dict]],
-           sweep_rows: List[List[Any]], where: str) -> None:
-    """Print the many-piece tables (the summary last)."""
-    if breakdown_rows:
-        from mori_core.bench.io_cost import PIECES
+def report_breakdown(breakdown_rows: List[Tuple[str, Dict]]) -> None:
+    """Where the host time of one session batch_write goes, per row."""
+    from mori_core.bench.io_cost import PIECES
 
-        print_table("many-piece session batch_write: where one call goes (us, median)",
-                    ["batch"] + list(PIECES), [[what] + [p[k] for k in PIECES] for what, p in breakdown_rows],
-                    "read args: offsets/sizes into C++ (numpy arrays); validate: bounds, merge, status; backend: "
-                    "submit incl. the descriptor upload and launch ('of which launch'); completion: from the call's "
-                    "return until Wait saw SUCCESS.")
-    if sweep_rows:
-        hdr = ["kernel setting"]
-        for count, size in rows:
-            hdr += [f"{count} x {fmt_bytes(size)} session us", f"{count} x {fmt_bytes(size)} 64 pairs us"]
-        big = max(rows, key=lambda r: r[0] * r[1])
-        hdr.append(f"kernel alone, {big[0]} x {fmt_bytes(big[1])}, GPU us")
-        print_table("many-piece batches under other kernel settings (latency us, median; one engine per setting)",
-                    hdr, sweep_rows)
+    print_table("many-piece session batch_write: where one call goes (us, median)",
+                ["batch"] + list(PIECES), [[what] + [p[k] for k in PIECES] for what, p in breakdown_rows],
+                "read args: offsets/sizes into C++ (numpy arrays); validate: bounds, merge, status; backend: "
+                "submit incl. the descriptor upload and launch ('of which launch'); completion: from the call's "
+                "return until Wait saw SUCCESS.")
+    sys.stdout.flush()
+
+
+def report_sweep(rows: Sequence[Tuple[int, int]], sweep_rows: List[List[Any]]) -> None:
+    """The rows' latencies under each engine setting."""
+    hdr = ["engine setting"]
+    for count, size in rows:
+        hdr += [f"{count} x {fmt_bytes(size)} session us", f"{count} x {fmt_bytes(size)} 64 pairs us"]
+    big = max(rows, key=lambda r: r[0] * r[1])
+    hdr.append(f"kernel alone, {big[0]} x {fmt_bytes(big[1])}, GPU us")
+    print_table("many-piece batches under other engine settings (latency us, median; one engine per setting)",
+                hdr, sweep_rows)
+    sys.stdout.flush()
+
+
+def report_summary(rows: Sequence[Tuple[int, int]], eng: Dict, base: Dict, where: str) -> None:
+    """The many-piece summary: engine rows beside their same-run baselines."""
     out = []
     for count, size in rows:
         nbytes = count * size
@@ -292,3 +302,4 @@ def report(rows: Sequence[Tuple[int, int]], eng: Dict, base: Dict, breakdown_row
                  "kernel alone GPU us", "session / copy_"], out,
                 "pieces at random, never adjacent offsets (nothing merges); baselines moved the same pieces between "
                 "the same GPUs in this process (contiguous copy_: the same bytes in one piece, the floor).")
+    sys.stdout.flush()

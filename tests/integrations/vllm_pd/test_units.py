@@ -159,6 +159,64 @@ def test_layer_planner_equals_layer_by_layer_plans_joined() -> None:
         planner.plan([(a[0], a[0])], np.array([1, 2]), np.array([1]), [(0, 0)])
 
 
+def test_prepared_layers_plan_like_the_pairs_and_merge_keeps_bytes() -> None:
+    """A plan from prepare()'d layers (what the agent caches per peer) equals the plan from the
+    pairs; merging joins exactly the segments that continue each other on both sides."""
+    from mori_integrations.common.segments import merge_adjacent
+
+    rng = np.random.default_rng(11)
+    a = [_layer(name=f"a{i}", offset=10_000 * i) for i in range(4)]
+    planner = LayerPlanner()
+    layers = [(x, x) for x in a]
+    prepared = planner.prepare(layers)
+    for src_b, dst_b in ((np.arange(1, 9), np.arange(3, 11)), (rng.permutation(40)[:8] + 1, rng.permutation(40)[:8] + 1)):
+        for pairs in ([(0, 0), (1, 1)], [(1, 0)], [(1, 1), (0, 0)]):
+            got = planner.plan(prepared, src_b, dst_b, pairs)
+            want = planner.plan(layers, src_b, dst_b, pairs)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    lo = np.array([0, 10, 20, 50, 60], dtype=np.int64)
+    ro = np.array([100, 110, 300, 310, 320], dtype=np.int64)
+    sz = np.array([10, 10, 5, 10, 7], dtype=np.int64)
+    assert merge_adjacent(lo, ro, sz) == ([0, 20, 50], [100, 300, 310], [20, 5, 17])
+    scattered = (np.array([30, 0], dtype=np.int64), np.array([0, 30], dtype=np.int64), np.array([10, 10], dtype=np.int64))
+    assert [x.tolist() for x in merge_adjacent(*scattered, as_lists=False)] == [[30, 0], [0, 30], [10, 10]]
+
+
+def test_write_request_carries_the_consumer_metadata_encoded_once() -> None:
+    """The consumer's metadata rides as raw msgpack (the same bytes as a nested struct); the
+    producer decodes and validates it, and a bad one is refused by the codec."""
+    import msgspec
+
+    from mori_integrations.vllm.kv_connector.messages import AgentMetadata, WriteRequest, encoded_metadata
+
+    meta = AgentMetadata(engine_id="e", engine_desc=b"d", regions=[b"r"], layers=[_layer()], tp_rank=0, tp_size=1,
+                         dp_rank=0, total_kv_heads=2, replicated_heads=False, block_size=4, group_block_sizes=[4],
+                         notify_host="127.0.0.1", notify_port=5000)
+    req = WriteRequest(transfer_id="t", consumer=encoded_metadata(meta), block_ids=[[1, 2]], positions=[0], budget_ms=5)
+    codec = make_codec("")
+    got = codec.decode(codec.encode(req))
+    assert got.consumer_meta == meta and got.block_ids == [[1, 2]]
+
+    class Nested(msgspec.Struct):  # how the request looked before: same wire bytes
+        transfer_id: str
+        consumer: AgentMetadata
+        block_ids: list
+        positions: list
+        budget_ms: int
+        producer_key: str = ""
+
+    assert msgspec.msgpack.encode(Nested("t", meta, [[1, 2]], [0], 5)) == msgspec.msgpack.encode(req)
+    bad = msgspec.structs.replace(meta, tp_rank=3)  # out of range for tp_size 1
+    stranger = msgspec.structs.replace(req, consumer=msgspec.Raw(b"\x81\xa1x\x01"))  # {"x": 1}
+    with pytest.raises(ControlMessageError, match="consumer metadata"):  # never sent ...
+        codec.encode(stranger)
+    frames = codec.encode(req)
+    with pytest.raises(ControlMessageError, match="consumer metadata"):  # ... nor accepted
+        codec.decode([frames[0], frames[1], msgspec.msgpack.encode(stranger)])
+    with pytest.raises(ControlMessageError, match="tp_rank 3 out of range"):
+        WriteRequest(transfer_id="t", consumer=encoded_metadata(bad), block_ids=[], positions=[], budget_ms=5).validate()
+
+
 def test_tp_head_mapping() -> None:
     assert heads_of_rank(8, 2, 1) == [4, 5, 6, 7] and heads_of_rank(2, 4, 3) == [1]
     assert head_pairs(8, 2, 1, 4, 2) == [(0, 0), (1, 1)]  # decode rank 2 holds heads 4,5 = prefill rank 1's first two
