@@ -94,15 +94,17 @@ void CclHandle::CeStart(Path path, uintptr_t in_addr, uintptr_t out_addr, uint64
       std::vector<std::pair<uint32_t*, uint32_t>> w;
       for (int p : others) w.push_back(to_peer(ce_ready_, p));
       CeSignal(main, w);
-      CeCopy(streams_[rank_], out + rank_ * nbytes, in, nbytes);
     } else {
       for (int i = 1; i < npes_; ++i) {  // stage each peer's chunk, then tell that peer at once
         const int p = (rank_ + i) % npes_;
         CeCopy(main, ce_buf_.local + p * nbytes, in + p * nbytes, nbytes);
         CeSignal(main, {to_peer(ce_ready_, p)});
       }
-      CeCopy(streams_[rank_], out + rank_ * nbytes, in + rank_ * nbytes, nbytes);
     }
+    // The own chunk after the staging, which every peer waits for (as in the SM kernels).
+    MORI_GPU_CHECK(gpuEventRecord(fork_main_ev_, main));
+    MORI_GPU_CHECK(gpuStreamWaitEvent(streams_[rank_], fork_main_ev_, 0));
+    CeCopy(streams_[rank_], out + rank_ * nbytes, in + (gather ? 0 : rank_ * nbytes), nbytes);
     for (int p : others) {
       gpuStream_t t = streams_[p];
       CeWait(t, 1 + p, ce_ready_, {p});

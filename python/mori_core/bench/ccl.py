@@ -393,9 +393,10 @@ def _ceilings(rank: int, world: int, dev: Any) -> list[dict]:
 
     pulls = [(dst[p * nbytes : (p + 1) * nbytes], peer_src[p]) for p in peers]
     n = len(peers)
+    pair = rank ^ 1 if rank ^ 1 < world else peers[0]  # an odd world's last rank shares a peer
     tests = [
         ("local copy", lambda: local.copy_(src), nbytes),
-        ("pairwise pull (r from r^1)", lambda: dst[: nbytes].copy_(peer_src[rank ^ 1]), nbytes),
+        ("pairwise pull (r from r^1)", lambda: dst[: nbytes].copy_(peer_src[pair]), nbytes),
         (f"{n} peer pulls at once, 1 stream each", fan(pulls), nbytes * n),
         (f"{n} peer pulls at once, 2 streams each", fan(pulls, 2), nbytes * n),
         (f"{n} peer pulls at once, 4 streams each", fan(pulls, 4), nbytes * n),
