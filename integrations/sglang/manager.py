@@ -29,7 +29,10 @@ from sglang.srt.environ import envs
 from sglang.srt.runtime_context import get_device
 from sglang.srt.server_args import ServerArgs
 
+from mori_integrations.common.log_limit import RateLimitedLog, zmq_peer_address
+from mori_integrations.common.zmq_setup import bound_context
 from mori_integrations.sglang import io_setup
+from mori_integrations.sglang.bootstrap_auth import SignedRouteRegistration
 from mori_integrations.sglang.messages import (
     MAX_FRAME_BYTES,
     STOCK_MORI_GUARD,
@@ -53,7 +56,7 @@ IMPLEMENTATION = "mori-suite (mori_integrations.sglang)"
 _RECV_POLL_MS = 250  # control threads wake this often to notice teardown
 
 
-class MoriKVManager(PrefillTransferMixin, CommonKVManager):
+class MoriKVManager(SignedRouteRegistration, PrefillTransferMixin, CommonKVManager):
     """One per scheduler rank; see the module docstring."""
 
     supports_role_switch = True  # teardown() releases engine, memory, threads and sockets
@@ -71,16 +74,15 @@ class MoriKVManager(PrefillTransferMixin, CommonKVManager):
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._warned_stock_peer = False
+        self._bad_input = RateLimitedLog(logger, what="bad control messages")
         self.bytes_sent = 0
-        # A frame larger than any valid message drops the sending connection in libzmq.
-        self.server_socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
 
         self.kv_location = io_setup.kv_location(str(get_device().device))
         key = (
             f"sglang-{disaggregation_mode.value}-dp{self.system_dp_rank}-tp{self.attn_tp_rank}-"
             f"pp{self.pp_rank}-pid{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
-        setup = io_setup.create_engine(
+        setup = io_setup.create_engine_bounded(
             key,
             self.local_ip,
             gpu_memory=self.kv_location == MemoryLocationType.GPU,
@@ -95,10 +97,11 @@ class MoriKVManager(PrefillTransferMixin, CommonKVManager):
             self.transfer_lock = threading.Lock()
             self._abort_ack_lock = threading.Lock()
             self._early_failures = RecentRooms(ttl_s=max(60.0, float(self.bootstrap_timeout)))
-            timeout_ms = envs.SGLANG_MORI_TRANSFER_TIMEOUT_MS.get()
-            timeout_s = timeout_ms / 1000 if timeout_ms > 0 else float(envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get())
+            aux_note = io_setup.aux_rdma_note()
+            if aux_note:
+                logger.warning("MoriKVManager: %s", aux_note)
             shards = max(1, envs.SGLANG_MORI_TRANSFER_SHARDS.get())
-            self._start_transfer_workers(shards, timeout_s, envs.SGLANG_MORI_WAIT_POLL_MS.get())
+            self._start_transfer_workers(shards, io_setup.transfer_timeout_s(), envs.SGLANG_MORI_WAIT_POLL_MS.get())
             self._start_thread(self._control_loop(self._on_prefill_message), f"mori-suite-ctl-p{self.attn_tp_rank}")
         else:
             self._start_thread(self._control_loop(self._on_decode_message), f"mori-suite-ctl-d{self.attn_tp_rank}")
@@ -115,6 +118,20 @@ class MoriKVManager(PrefillTransferMixin, CommonKVManager):
             self.kv_location.name,
             self.rank_port,
         )
+
+    # SGLang binds server_socket inside CommonKVManager.__init__, and libzmq copies a
+    # listener's MAXMSGSIZE / RCVHWM when it binds: a setsockopt afterwards does not reach
+    # the connections it accepts. So the bounds become defaults of the context SGLang
+    # creates for it, as it is assigned: a frame larger than any piece of a valid message
+    # then drops the sending connection at the frame header.
+    @property
+    def _zmq_ctx(self) -> zmq.Context:
+        return self.__dict__["_mori_zmq_ctx"]
+
+    @_zmq_ctx.setter
+    def _zmq_ctx(self, ctx: zmq.Context) -> None:
+        bound_context(ctx, MAX_FRAME_BYTES)
+        self.__dict__["_mori_zmq_ctx"] = ctx
 
     # ------------------------------------------------------------- memory
     def _register_local_memory(self) -> None:
@@ -147,21 +164,24 @@ class MoriKVManager(PrefillTransferMixin, CommonKVManager):
 
         def loop() -> None:
             while not self._stop.is_set():
+                self._bad_input.tick()
                 try:
                     if not poller.poll(_RECV_POLL_MS):
                         continue
-                    frames = socket.recv_multipart(zmq.NOBLOCK)
+                    parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.ZMQError:
                     if self._stop.is_set():
                         return
                     logger.exception("mori-suite control socket error")
                     continue
+                source = zmq_peer_address(parts)
                 try:
-                    handle(frames)
-                except ControlMessageError as e:
-                    logger.warning("mori-suite: rejected control message: %s", e)
-                except Exception:  # a bad message must not end the thread
-                    logger.exception("mori-suite: failed to handle a control message")
+                    handle([p.bytes for p in parts])
+                except ControlMessageError as e:  # bad input: rate-limited, per source and in total
+                    self._bad_input.warning(source, "mori-suite: rejected a control message from %s: %s", source, e)
+                except Exception as e:  # a bad message must not end the thread
+                    self._bad_input.warning(source, "mori-suite: failed to handle a control message from %s: %r",
+                                            source, e)
 
         return loop
 
@@ -330,12 +350,14 @@ class MoriKVManager(PrefillTransferMixin, CommonKVManager):
         if not frames:
             raise ControlMessageError("empty message")
         if is_ours(frames):
-            parsed = self.parse_kv_status_message(frames)
-            if parsed is None:
-                raise ControlMessageError("unexpected message kind on a decode rank")
-            room, status, prefill_rank, reason = parsed
+            message = decode_message(frames)  # raises with the reason (the loop logs it, rate-limited)
+            if not isinstance(message, KVStatus):
+                raise ControlMessageError(f"unexpected {type(message).__name__} on a decode rank")
             self.apply_prefill_status(
-                bootstrap_room=room, status=status, prefill_rank=prefill_rank, failure_reason=reason
+                bootstrap_room=message.room,
+                status=message.status,
+                prefill_rank=message.prefill_rank,
+                failure_reason=message.reason or None,
             )
             return
         if frames[0] == STOCK_MORI_GUARD:
@@ -362,8 +384,8 @@ class MoriKVManager(PrefillTransferMixin, CommonKVManager):
     def parse_kv_status_message(self, msg: List[bytes]) -> Optional[Tuple[int, int, int, Optional[str]]]:
         try:
             message = decode_message(msg)
-        except ControlMessageError as e:
-            logger.warning("mori-suite: dropping status message: %s", e)
+        except ControlMessageError as e:  # the control loop logs it (rate-limited) as bad input
+            logger.debug("mori-suite: dropping status message: %s", e)
             return None
         if not isinstance(message, KVStatus):
             return None

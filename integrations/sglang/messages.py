@@ -1,6 +1,6 @@
 """Control messages between prefill and decode managers (over SGLang's ZMQ sockets).
 
-Every message of ours is three frames ``[WIRE_GUARD, kind, msgpack body]``; the
+Every message of ours is ``[WIRE_GUARD, kind, msgpack body in 32 KiB frames...]``; the
 body is a msgspec Struct whose fields carry explicit bounds, so a malformed or
 oversized message is rejected by :func:`decode_message` with a
 :class:`ControlMessageError` (callers log it and drop the message; nothing of it
@@ -46,9 +46,6 @@ MAX_BODY_BYTES = {
     KIND_METADATA: 64 << 20,
     KIND_STATUS: 16 << 10,
 }
-# ZMQ MAXMSGSIZE of the managers' PULL sockets: one frame above this drops the
-# sender's connection (libzmq enforces it before anything is buffered).
-MAX_FRAME_BYTES = max(MAX_BODY_BYTES.values()) + 4096
 MAX_SGLANG_FRAMES = 8  # ABORT / ABORT_ACK / BOOTSTRAP frames of SGLang's Common code
 MAX_SGLANG_FRAME_BYTES = 256
 
@@ -171,6 +168,12 @@ _CODEC = ControlCodec(
         KIND_STATUS: (KVStatus, MAX_BODY_BYTES[KIND_STATUS]),
     },
 )
+
+
+# ZMQ MAXMSGSIZE of the managers' PULL sockets: bodies travel in frames of at most
+# 32 KiB, so one frame above this drops the sender's connection at the frame header,
+# before anything of it is buffered (SGLang's own control frames are a few bytes).
+MAX_FRAME_BYTES = _CODEC.max_frame_bytes
 
 
 def encode_message(message: Message) -> List[bytes]:

@@ -43,12 +43,13 @@ class ParkedPull:
     abandoned: bool = False
     done: Optional[PullResponse] = None  # the sender's answer, once it came
     codec: Optional[ControlCodec] = None  # decodes (and authenticates) the answer
+    reply_binding: bytes = b""  # what the answer must be bound to (the pull request it answers)
 
     def poll_answer(self) -> None:
         """Look for the sender's answer without blocking (sets :attr:`done`)."""
         if self.done is not None:
             return
-        reply = wait_reply(self.codec, self.sock, self.seq, 0.0)
+        reply = wait_reply(self.codec, self.sock, self.seq, 0.0, self.reply_binding)
         if reply is None:
             return
         if not isinstance(reply, PullResponse):

@@ -5,6 +5,11 @@ the pool only when its entry is *retired* (consumed, cleaned up, replaced or
 expired) **and** no transfer reads it (``pins == 0``). Retiring an entry hides
 it from new queries and pulls at once; the bytes stay put until the last
 in-flight write that reads them has finished.
+
+A caller's own buffer published zero-copy (``owns_buffer=False``) is *held*
+(:meth:`PoolBuffer.hold`) for as long as its entry lives, so the caller's
+``release()`` right after ``put`` cannot hand the bytes to a later allocation
+before the receiver pulled them (issue #29: it got another payload's bytes).
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class Outbox:
             old = self._entries.get(key)
             if old is not None and old.pins > 0:
                 raise KeyBusyError(f"payload {key!r} is being transferred; cannot replace it now")
+            if not owns_buffer:
+                buffer.hold()  # RuntimeError if the caller released it already: nothing published
             self._entries[key] = entry
             to_free = self._retire_locked(old) if old is not None else None
         _release(to_free)
@@ -175,5 +182,10 @@ class Outbox:
 
 
 def _release(entry: Optional[OutboxEntry]) -> None:
-    if entry is not None and entry.owns_buffer:
+    """A retired, unpinned entry gives its bytes up: ours back to the pool, a caller's held one let go."""
+    if entry is None:
+        return
+    if entry.owns_buffer:
         entry.buffer.release()
+    else:
+        entry.buffer.unhold()

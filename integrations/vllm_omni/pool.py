@@ -95,13 +95,23 @@ class BufferAllocator:
 
 
 class PoolBuffer:
-    """``size`` bytes at ``offset`` of a pool; release it when done (idempotent)."""
+    """``size`` bytes at ``offset`` of a pool; release it when done (idempotent).
+
+    A buffer published zero-copy (``put`` of the connector's own buffer) is *held* by the
+    outbox until the payload is consumed, withdrawn or its TTL expires: a :meth:`release`
+    meanwhile ends the caller's use at once (its views raise) but gives the bytes back to the
+    pool only when the last hold ends, so no later allocation can overwrite what a receiver
+    is about to pull.
+    """
 
     def __init__(self, pool: "MemoryPool", offset: int, size: int) -> None:
         self.pool = pool
         self.offset = offset
         self.size = size
-        self._released = False
+        self._released = False  # the owner is done with it
+        self._freed = False  # the bytes went back to the pool (or were quarantined)
+        self._holds = 0
+        self._lock = threading.Lock()
 
     @property
     def pool_tensor(self) -> torch.Tensor:
@@ -119,6 +129,33 @@ class PoolBuffer:
     def released(self) -> bool:
         """True once :meth:`release` (or :meth:`leak`) was called."""
         return self._released
+
+    @property
+    def held(self) -> bool:
+        """True while a published payload still needs these bytes (see the class docstring)."""
+        return self._holds > 0
+
+    def hold(self) -> None:
+        """Keep the bytes out of the pool until :meth:`unhold`, even across :meth:`release`.
+
+        Raises:
+            RuntimeError: the buffer was already released (its bytes may be reused already).
+        """
+        with self._lock:
+            if self._released:
+                raise RuntimeError(f"{self!r} was released; a released buffer cannot be published")
+            self._holds += 1
+
+    def unhold(self) -> None:
+        """End one :meth:`hold`; the bytes go back to the pool if the owner released them meanwhile."""
+        with self._lock:
+            if self._holds <= 0:
+                raise RuntimeError(f"{self!r}: unhold() without hold()")
+            self._holds -= 1
+            free = self._holds == 0 and self._released and not self._freed
+            self._freed = self._freed or free
+        if free:
+            self.pool.allocator.free(self.offset)
 
     def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A zero-copy typed view; the byte count of ``dtype``×``shape`` must equal ``size``."""
@@ -141,16 +178,23 @@ class PoolBuffer:
         return t.numpy().tobytes()
 
     def release(self) -> None:
-        """Give the bytes back to the pool (no-op after the first call)."""
-        if not self._released:
+        """Give the bytes back to the pool (no-op after the first call); deferred while held."""
+        with self._lock:
+            if self._released:
+                return
             self._released = True
+            free = self._holds == 0
+            self._freed = free
+        if free:
             self.pool.allocator.free(self.offset)
 
     def leak(self) -> None:
         """Never give the bytes back: a remote write into them may still land."""
-        if not self._released:
-            self._released = True
-            self.pool.note_leak(self.size)
+        with self._lock:
+            if self._released:
+                return
+            self._released = self._freed = True
+        self.pool.note_leak(self.size)
 
     def __enter__(self) -> "PoolBuffer":
         return self

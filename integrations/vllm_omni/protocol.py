@@ -15,10 +15,13 @@ enforces every size limit (msgspec ``Meta`` constraints) and turns any decoding
 problem into :class:`ProtocolError`, so a message that decodes is safe to use.
 
 With a secret (``auth_secret`` / ``MORI_IO_AUTH_SECRET``) a peer without it can
-neither query, pull (take a payload, or make the sender write into some other
-engine's memory), nor answer in the sender's name; replies are signed too.
-Without one, anyone who reaches the port can do all of that: the connector
-warns at start when it listens beyond loopback so.
+neither connect (CURVE), query, pull (take a payload, or make the sender write
+into some other engine's memory), nor answer in the sender's name. A request is
+bound to the sender it is addressed to (its listener address), so a pull
+captured on its way to one sender is refused by every other one, even when
+several senders hold a payload under the same key; a reply is bound to the
+request it answers. Without a secret, anyone who reaches the port can do all of
+that: the connector warns at start when it listens beyond loopback so.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ __all__ = [
     "make_codec",
 ]
 
-MAX_FRAME_BYTES = 64 * 1024  # a message body: a key + two packed descriptors at most
+MAX_FRAME_BYTES = 64 * 1024  # a message body: a key + two packed descriptors at most (sent in 32 KiB frames)
 MAX_KEY_CHARS = 1024
 MAX_DESC_BYTES = 16 * 1024  # packed EngineDesc / MemoryDesc are a few hundred bytes
 MAX_PAYLOAD_BYTES = 1 << 40  # the largest pool the settings accept

@@ -6,10 +6,15 @@ IO-engine write — to a thread pool. Workers queue their replies and wake the
 listener through a pipe, because a ZMQ socket must only be used by one thread.
 What a query or a pull *means* is decided by the callbacks it is given.
 
-Every message goes through the shared codec (``protocol.make_codec``): anything
-that does not decode, or is not authentic when a secret is set, gets a
-:class:`Rejected` reply and one log line per peer address per interval (with
-counts). No input ends the listener thread.
+The socket is set up by :mod:`~mori_integrations.common.zmq_setup` before it binds:
+small frames, a bounded queue per connection and, with a secret, CURVE authentication
+of every connection (a peer without the secret gets nothing past the handshake).
+Every message goes through the shared codec (``protocol.make_codec``): anything that
+does not decode, is not authentic, or is addressed to another listener (a pull
+captured on its way to another sender, :attr:`PullServer.address`) gets a
+:class:`Rejected` reply; replies are bound to the request they answer. Bad requests
+are logged at most once per peer address and a few times in total per interval,
+with a summary of the rest. No input ends the listener thread.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import zmq
 
 from mori_integrations.common.control_codec import ControlCodec
 from mori_integrations.common.log_limit import RateLimitedLog, zmq_peer_address
+from mori_integrations.common.net import canonical_tcp_address
+from mori_integrations.common.zmq_setup import close_listener, secure_listener
 
 from . import protocol
 from .protocol import PullRequest, QueryRequest, Rejected
@@ -33,9 +40,6 @@ __all__ = ["PortInUseError", "PullServer"]
 
 logger = logging.getLogger(__name__)
 
-# Bodies above MAX_FRAME_BYTES get a Rejected reply; far larger frames are cut
-# off by ZMQ itself (the peer is disconnected) so they never reach memory.
-_ZMQ_MAX_MSG = 4 * protocol.MAX_FRAME_BYTES
 _MAX_QUEUED_PULLS = 4096
 _POLL_MS = 100
 
@@ -70,17 +74,18 @@ class PullServer:
         num_workers: int,
     ) -> None:
         self.address = f"tcp://{host}:{port}"
+        self.recipient = canonical_tcp_address(self.address)  # what requests must be addressed to
         self._codec = codec
-        self._bad = RateLimitedLog(logger)
+        self._bad = RateLimitedLog(logger, what="bad requests")
         self._on_query = on_query
         self._on_pull = on_pull
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, _ZMQ_MAX_MSG)
+        self._authenticated = secure_listener(sock, codec.secret, codec.max_frame_bytes)
         try:
             sock.bind(self.address)
         except zmq.ZMQError as exc:
-            sock.close(linger=0)
+            close_listener(sock, self._authenticated)
             raise PortInUseError(
                 f"MoriTransferEngineConnector cannot listen on {self.address}: {exc.strerror} "
                 f"(errno {exc.errno}). Another process (or another TP rank/stage with the same "
@@ -126,13 +131,14 @@ class PullServer:
                             self.malformed += 1
                             self._bad.warning(source, "omni mori listener %s: request from %s failed: %r",
                                               self.address, source, exc)
+                self._bad.tick()
             self._flush_replies()
         except zmq.ContextTerminated:
             pass
         except Exception:  # keep the reason; the connector's health() reports the dead listener
             logger.exception("omni mori listener on %s stopped", self.address)
         finally:
-            self._sock.close(linger=0)
+            close_listener(self._sock, self._authenticated)
 
     def _drain_wake(self) -> None:
         try:
@@ -149,8 +155,9 @@ class PullServer:
             except zmq.ZMQError as exc:  # the peer went away: nothing to deliver to
                 logger.debug("dropping reply to a gone peer: %s", exc)
 
-    def _reply(self, identity: bytes, message: object) -> None:
-        self._replies.append([identity, *self._codec.encode(message)])
+    def _reply(self, identity: bytes, message: object, binding: bytes) -> None:
+        """Queue ``message`` to the peer ``identity``, bound to its request (``binding``)."""
+        self._replies.append([identity, *self._codec.encode(message, recipient=binding)])
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:  # pipe full: the listener is awake anyway
@@ -161,17 +168,18 @@ class PullServer:
             self.malformed += 1
             return
         identity, body = frames[0], frames[1:]
+        binding = self._codec.reply_binding(body)
         try:
-            request = self._codec.decode(body)
+            request = self._codec.decode(body, recipient=self.recipient)
             if not isinstance(request, protocol.REQUESTS):
                 raise protocol.ProtocolError(f"{type(request).__name__} is not a request")
         except protocol.ProtocolError as exc:
             self.malformed += 1
             self._bad.warning(source, "omni mori listener %s: refused a request from %s: %s", self.address, source, exc)
-            self._reply(identity, Rejected(seq=0, reason=str(exc)[: protocol.MAX_ERROR_CHARS]))
+            self._reply(identity, Rejected(seq=0, reason=str(exc)[: protocol.MAX_ERROR_CHARS]), binding)
             return
         if isinstance(request, QueryRequest):
-            self._reply(identity, self._on_query(request))
+            self._reply(identity, self._on_query(request), binding)
             return
         with self._queued_lock:
             refuse = "connector is closing" if self._closing else (
@@ -180,11 +188,11 @@ class PullServer:
                 self._queued += 1
         if refuse:
             self.rejected_busy += 1
-            self._reply(identity, Rejected(seq=request.seq, reason=refuse))
+            self._reply(identity, Rejected(seq=request.seq, reason=refuse), binding)
             return
-        self._workers.submit(self._serve_pull, identity, request)
+        self._workers.submit(self._serve_pull, identity, request, binding)
 
-    def _serve_pull(self, identity: bytes, request: PullRequest) -> None:
+    def _serve_pull(self, identity: bytes, request: PullRequest, binding: bytes) -> None:
         try:
             reply = self._on_pull(request)
         except Exception as exc:  # on_pull answers errors itself; this is the last resort
@@ -194,7 +202,7 @@ class PullServer:
         finally:
             with self._queued_lock:
                 self._queued -= 1
-        self._reply(identity, reply)
+        self._reply(identity, reply, binding)
 
     # ------------------------------------------------------------- close
     @property

@@ -406,14 +406,15 @@ class OmniTransport:
             request = PullRequest(seq=seq, key=key, engine_desc=self.engine_desc_packed,
                                   mem_desc=self.pool.desc_packed, dst_offset=buffer.offset, length=size)
             try:
-                sock = self.client.send(address, request)
+                sock, binding = self.client.send(address, request)
             except (TimeoutError, zmq.ZMQError) as exc:
                 buffer.release()  # nothing was sent, so nothing can be written
                 logger.warning("pull of %r towards %s not sent: %s", key, address, exc)
                 return None
             bound = self.settings.transfer_timeout_for(size)
             pull = ParkedPull(key, tag or key, address, sock, seq, buffer, bool(is_fast_path), t1,
-                               give_up_at=t1 + 2 * bound + self.settings.query_timeout_s, codec=self.codec)
+                               give_up_at=t1 + 2 * bound + self.settings.query_timeout_s, codec=self.codec,
+                               reply_binding=binding)
             return self._await(pull, deadline, t1, (t1 - t0) * 1000)
         finally:
             self._leave()
@@ -444,7 +445,7 @@ class OmniTransport:
             bound_at = pull.started + self.settings.transfer_timeout_for(pull.buffer.size)
             wait_until = bound_at if deadline is None else min(deadline, bound_at)
             try:
-                reply = wait_reply(self.codec, pull.sock, pull.seq, wait_until)
+                reply = wait_reply(self.codec, pull.sock, pull.seq, wait_until, pull.reply_binding)
             except zmq.ZMQError as exc:
                 logger.warning("pull of %r: control socket failed: %s", pull.key, exc)
                 reply = None

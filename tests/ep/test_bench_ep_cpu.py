@@ -173,3 +173,30 @@ def test_ep_report_tables_targets_and_plot(monkeypatch: pytest.MonkeyPatch, caps
         assert "--plot needs matplotlib" in out.err
     else:
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _one_rank_fails_one_hangs(rank: int, world: int, port: int, args: argparse.Namespace, results) -> None:
+    """A spawned rank: rank 0 reports a failure, rank 1 waits as if in a collective with it."""
+    import time
+
+    if rank == 0:
+        results.put((0, [], "Traceback: an illegal memory access was encountered"))
+    else:
+        time.sleep(120)
+
+
+def test_spawn_ranks_reports_a_failed_rank_and_stops_the_waiting_ones(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # Round 1's EP2 bench: one rank crashed, the other waited in a collective until the section's
+    # timeout killed the run, and the traceback was never printed.
+    import time
+
+    from mori_core.bench.ep import measure
+
+    monkeypatch.setattr(measure, "ERROR_GRACE_S", 1.0)
+    t0 = time.monotonic()
+    assert measure.spawn_ranks(_one_rank_fails_one_hangs, 2, argparse.Namespace()) is None
+    assert time.monotonic() - t0 < 60
+    out = capsys.readouterr().out
+    assert "rank 0:\nTraceback: an illegal memory access was encountered" in out
+    assert "ranks [1]: no report 1.0 s after another rank failed" in out

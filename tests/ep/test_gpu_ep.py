@@ -391,6 +391,24 @@ def _suite(rank: int, world: int) -> None:
         op.close()
         dist.barrier()
 
+    # Prefill size (issue #31: the bench's DeepEP comparison runs 4096 tokens per rank; the matrix
+    # above stops at 192): one round each of the default push (unstaged), a staged push (512-token
+    # chunks on a full grid) and the pull kernel, ragged (one rank 3001 tokens), bit-exact.
+    # (Up to EP4: EP8 runs with ranks sharing GPUs, where 8 x 4096 rows only add time.)
+    prefill = [({}, True, (-1, -1)), ({STAGE: "512"}, True, (132, 16)), ({}, False, (-1, -1))] if world <= 4 else []
+    for ci, (env, push, launch) in enumerate(prefill):
+        cfg = _config(rank, world, HIDDEN_BIG, 4096, push=push, max_type=2)
+        with op_env(env):
+            op = EpDispatchCombineOp(cfg)
+        ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
+        counts = [4096] * world
+        counts[ci % world] = 3001
+        data = _all_inputs(7000 + ci, world, counts, HIDDEN_BIG, torch.bfloat16, 0, dev)
+        _round(op, ref, cfg, data, push, torch.bfloat16, torch.bfloat16, ci == 0, launch=launch)
+        del data
+        op.close()
+        dist.barrier()
+
     # CUDA graph capture and replay with fresh data in the captured tensors every replay.
     cfg = _config(rank, world, HIDDEN_BIG, 128, push=True, max_type=2)
     op = EpDispatchCombineOp(cfg)

@@ -124,3 +124,183 @@ def test_bad_handshakes_are_logged_once_per_interval(capfd):
         assert 1 <= len(lines) <= 3, f"{len(lines)} handshake warnings for 300 bad connections"
     finally:
         t.close()
+
+
+# ------------------------------------------------------------- issue #29 items 3 and 4
+def _closed_by_peer(s: socket.socket) -> bool:
+    """True once the listener closed ``s`` (whatever it sent before is read and dropped)."""
+    s.setblocking(False)
+    try:
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def _slow_handshake(port: int, gap_s: float, limit_s: float) -> tuple[float, bytes]:
+    """Sends the hello's length, its body, the proof's length and its body, each ``gap_s``
+    after the previous one (every wait of the listener sees progress in time); returns how
+    long the listener kept the connection (``limit_s`` if it never closed it) and what it
+    sent back (the server hello and, if it accepted the proof, its verdict)."""
+    hello = struct.pack("<IHB", HELLO_MAGIC, 2, 1) + os.urandom(32)
+    proof = struct.pack("<I", 4) + b"slow" + bytes(32)
+    pieces = [struct.pack("<I", len(hello)), hello, struct.pack("<I", len(proof)), proof]
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.setblocking(False)
+    got = b""
+    t0 = time.monotonic()
+    try:
+        for i in range(len(pieces) + 1):
+            deadline = t0 + gap_s * (i + 1) if i < len(pieces) else t0 + limit_s
+            while time.monotonic() < deadline:
+                try:
+                    chunk = s.recv(4096)
+                except BlockingIOError:
+                    time.sleep(0.02)
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    return time.monotonic() - t0, got
+                got += chunk
+            if i < len(pieces):
+                try:
+                    s.sendall(pieces[i])
+                except OSError:
+                    return time.monotonic() - t0, got
+        return limit_s, got
+    finally:
+        s.close()
+
+
+def test_one_deadline_bounds_the_whole_handshake(monkeypatch):
+    """Item 4 of #29: the handshake bound holds for all phases together. A client that
+    sends each part of its hello and proof 0.9 s after the previous one (within the 1.5 s
+    bound of each wait) is cut 1.5 s (MORI_IO_CP_TIMEOUT_MS) after it connected, before
+    any verdict (main: each phase had its own bound; the handshake completed after 3.6 s)."""
+    monkeypatch.setenv("MORI_IO_CP_TIMEOUT_MS", "1500")
+    t = TargetProcess("deadline-target")
+    try:
+        lived, got = _slow_handshake(t.desc.port, 0.9, 8.0)
+        assert 1.3 <= lived <= 2.5, f"an unauthenticated, slow connection lived {lived:.2f} s (bound 1.5 s)"
+        assert len(got) <= 4 + 38, f"the listener answered past the deadline: {len(got)} bytes"
+    finally:
+        t.close()
+
+
+def test_unauthenticated_connections_are_capped_oldest_first(monkeypatch):
+    """Item 3 of #29: over MORI_IO_MAX_HANDSHAKES connections in the handshake, the oldest
+    ones are closed to make room, the newer ones stay, and a real engine still gets in."""
+    monkeypatch.setenv("MORI_IO_MAX_HANDSHAKES", "16")
+    t = TargetProcess("cap-target")
+    old, new = [], []
+    try:
+        for _ in range(16):
+            old.append(socket.create_connection(("127.0.0.1", t.desc.port), timeout=5))
+        time.sleep(0.3)  # all 16 accepted, in this order
+        assert not any(_closed_by_peer(s) for s in old), "closed before the cap was reached"
+        for _ in range(6):
+            new.append(socket.create_connection(("127.0.0.1", t.desc.port), timeout=5))
+        time.sleep(0.3)
+        closed = [_closed_by_peer(s) for s in old]
+        assert closed == [True] * 6 + [False] * 10, f"closed (oldest first): {closed}"
+        assert not any(_closed_by_peer(s) for s in new)
+        e = IOEngine("cap-initiator", IOEngineConfig("127.0.0.1", 0))
+        e.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=1))
+        e.register_remote_engine(t.desc)
+        region, rm = t.region(4096)
+        local = LocalBuffer(e, 4096)
+        local.array[:] = 9
+        assert e.write(local.desc, 0, rm, 0, 4096, 1).WaitFor(10_000) == StatusCode.SUCCESS
+        assert bytes(region[:4]) == b"\x09" * 4
+    finally:
+        for s in old + new:
+            s.close()
+        t.close()
+
+
+def test_bad_input_from_many_addresses_is_logged_within_one_budget(capfd, monkeypatch):
+    """Item 3 of #29 (logs): 400 bad connections, each from its own 127.x.y.z address,
+    give at most 10 lines (the budget over all peers per interval, here 3 s), and once the
+    interval is over a summary line counts every one that was dropped: lines + suppressed
+    = 400 (main: one line each)."""
+    monkeypatch.setenv("MORI_IO_LOG_REMOTE_INTERVAL_MS", "3000")
+    t = TargetProcess("many-sources-target")
+    try:
+        capfd.readouterr()
+        n = 400
+        for i in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((f"127.{1 + i // 254}.7.{1 + i % 254}", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", t.desc.port))
+            s.sendall(b"\xff" * 64)
+            s.close()
+        e = IOEngine("many-sources-initiator", IOEngineConfig("127.0.0.1", 0))
+        e.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=1))
+        e.register_remote_engine(t.desc)
+        region, rm = t.region(4096)
+        local = LocalBuffer(e, 4096)
+        local.array[:] = 3
+        assert e.write(local.desc, 0, rm, 0, 4096, 1).WaitFor(10_000) == StatusCode.SUCCESS
+        deadline = time.monotonic() + 10  # the interval ends; the listener's loop writes the summary
+        err = ""
+        while "log line(s) suppressed" not in err and time.monotonic() < deadline:
+            time.sleep(0.2)
+            err += capfd.readouterr().err
+    finally:
+        t.close()
+    lines = [ln for ln in err.splitlines() if "during handshake" in ln]
+    summaries = [ln for ln in err.splitlines() if "log line(s) suppressed" in ln]
+    assert 1 <= len(lines) <= 10, f"{len(lines)} handshake warnings for {n} bad connections from {n} addresses"
+    suppressed = sum(int(ln.split("remote input: ")[1].split()[0]) for ln in summaries)
+    assert len(lines) + suppressed == n, (len(lines), suppressed, summaries)
+
+
+@pytest.mark.parametrize("var,value", [("MORI_IO_MAX_HANDSHAKES", "0"), ("MORI_IO_MAX_CONNECTIONS", "-1"),
+                                       ("MORI_IO_SERVE_THREADS", "5000")])
+def test_listener_limits_out_of_range_raise_naming_the_variable(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    e = IOEngine(f"limits-{var}", IOEngineConfig("127.0.0.1", 0))
+    with pytest.raises(ValueError, match=var):
+        e.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=1))
+
+
+def test_out_of_descriptors_the_oldest_unauthenticated_connection_makes_room(tmp_path):
+    """Item 3 of #29: a target allowed 96 descriptors, 300 silent connections. When accept
+    runs out of descriptors the oldest connection in the handshake is closed, so a new engine
+    still gets in at once and the listener neither spins nor grows threads (main: the new
+    engine waited for the silent ones' handshake timeout, its accept thread spinning)."""
+    from mori_core.bench.chaos_flood import FloodTarget, legit_transfer
+    from mori_core.bench.peer import process_stats
+
+    t = FloodTarget(str(tmp_path / "target.log"), {}, fd_limit=96)
+    silent = []
+    try:
+        assert legit_transfer(t, 0)[0] is not None
+        base = process_stats(t.proc.proc.pid)
+        for _ in range(300):
+            silent.append(socket.create_connection(("127.0.0.1", t.desc.port), timeout=5))
+        time.sleep(0.3)
+        took, err = legit_transfer(t, 1)
+        assert took is not None, err
+        assert took <= 1.0, f"the new engine needed {took:.2f} s"
+        with open(f"/proc/{t.proc.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks0 = int(fields[11]) + int(fields[12])
+        time.sleep(1.0)
+        with open(f"/proc/{t.proc.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        busy = (int(fields[11]) + int(fields[12]) - ticks0) / os.sysconf("SC_CLK_TCK")
+        assert busy < 0.5, f"the target used {busy:.2f} s of CPU in 1 s with its descriptors full (spinning)"
+        assert process_stats(t.proc.proc.pid)["threads"] <= base["threads"] + 4
+    finally:
+        for s in silent:
+            s.close()
+        t.close()
+    log = (tmp_path / "target.log").read_text(errors="replace")
+    assert "out of file descriptors" in log, log[-2000:]

@@ -2,14 +2,17 @@
 
 Regression tests of issue #21 item 5 (use after deregistration) and of its weak
 spots (a SIGSTOPped peer noticed only after 10 s; one thread per idle
-connection, kept forever). Real engines in real processes over loopback TCP; a
-throttling proxy (tests/io/net_tools.py) makes a transfer slow but alive.
+connection, kept forever; issue #29: still one thread per connection). Real
+engines in real processes over loopback TCP; a throttling proxy
+(tests/io/net_tools.py) makes a transfer slow but alive.
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import signal
+import socket
 import threading
 import time
 
@@ -129,11 +132,38 @@ def _slow_write(t: TargetProcess, proxy: Proxy) -> None:
     assert (np.frombuffer(region, dtype=np.uint8) == local.array).all()
 
 
-def test_idle_connections_time_out(monkeypatch):
-    """Idle inbound connections are closed after MORI_IO_IDLE_TIMEOUT_MS (threads come
-    back); an initiator retires its own first, so its next transfer still succeeds."""
+def _all_closed_by_peer(socks: list, within_s: float) -> float:
+    """Seconds until the listener closed every socket in ``socks`` (inf if not within ``within_s``)."""
+    t0 = time.monotonic()
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+    left = set(socks)
+    while left and time.monotonic() - t0 < within_s:
+        for key, _ in sel.select(timeout=0.1):
+            try:
+                gone = key.fileobj.recv(4096) == b""
+            except BlockingIOError:
+                gone = False
+            except OSError:
+                gone = True
+            if gone:
+                sel.unregister(key.fileobj)
+                left.discard(key.fileobj)
+    sel.close()
+    return time.monotonic() - t0 if not left else float("inf")
+
+
+def test_idle_connections_hold_no_thread_and_time_out(monkeypatch):
+    """Idle connections cost the target no thread (issue #29 item 3: main had one per
+    connection): 100 authenticated but idle connections and 100 silent ones leave it at
+    most MORI_IO_SERVE_THREADS (here 4) more threads. The silent ones are closed at the
+    handshake bound (MORI_IO_CP_TIMEOUT_MS), the idle ones after MORI_IO_IDLE_TIMEOUT_MS;
+    an initiator retires its own first, so its next transfer still succeeds."""
     monkeypatch.setenv("MORI_IO_IDLE_TIMEOUT_MS", "1500")
     monkeypatch.setenv("MORI_IO_CP_TIMEOUT_MS", "1000")
+    monkeypatch.setenv("MORI_IO_SERVE_THREADS", "4")
     t = TargetProcess("idle-target")
     try:
         e = _engine("idle-initiator", num_connections=2)
@@ -142,14 +172,16 @@ def test_idle_connections_time_out(monkeypatch):
         local = LocalBuffer(e, 4096)
         assert e.write(local.desc, 0, rm, 0, 4096, 1).WaitFor(10_000) == StatusCode.SUCCESS
         base = _threads(t.proc.pid)
+        t0 = time.monotonic()
         idle = [raw_handshake(t.desc.port, f"idle-{i}")[0] for i in range(100)]
-        silent = [__import__("socket").create_connection(("127.0.0.1", t.desc.port)) for _ in range(100)]
+        silent = [socket.create_connection(("127.0.0.1", t.desc.port)) for _ in range(100)]
         time.sleep(0.3)
-        assert _threads(t.proc.pid) >= base + 150
-        deadline = time.monotonic() + 10
-        while _threads(t.proc.pid) > base + 5 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _threads(t.proc.pid) <= base + 5, f"{_threads(t.proc.pid)} threads, {base} before"
+        assert _threads(t.proc.pid) <= base + 4, f"{_threads(t.proc.pid)} threads, {base} before"
+        silent_s = _all_closed_by_peer(silent, 4.0)
+        assert silent_s <= 2.0, f"silent connections lived {silent_s:.2f} s more (handshake bound 1 s)"
+        _all_closed_by_peer(idle, 6.0)
+        idle_s = time.monotonic() - t0
+        assert 1.4 <= idle_s <= 5.0, f"idle connections closed after {idle_s:.2f} s (idle timeout 1.5 s)"
         for s in idle + silent:
             s.close()
         local.array[:] = 7

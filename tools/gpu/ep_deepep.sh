@@ -1,30 +1,37 @@
 #!/usr/bin/env bash
-# Issue #31 on the 4-GPU machine: IntraNode correctness at EP2 and EP4, then `bench ep` against
-# DeepEP v1.2.1 (intranode) in the same processes, plus the launch-knob sweep for the table.
+# Issue #31 on the 4-GPU machine (final run): IntraNode correctness at EP2 and EP4, the NVLink
+# copy-engine ceiling, then `bench ep` against DeepEP v1.2.1 (intranode) in the same processes at
+# EP2 and EP4, with nothing else running on the host during the benches.
 #
 #   bash tools/gpu_check.sh ep_deepep          (or: bash tools/gpu/ep_deepep.sh [stage ...])
 #
 # Stages (default: all, in this order; every step bounded, the whole section by EP_DEEPEP_BUDGET s):
-#   ep2      concurrently: on GPUs 2,3 the IntraNode suite (tests/ep/test_gpu_ep.py, EP2: every dtype,
-#            push / pull / staged push / copy-pull / push kernel for pull calls, graphs, back-to-back
-#            rounds) then the FP8-combine and standard-MoE cases (tests/ep/test_gpu_ep_extensions.py,
-#            EP2); on GPUs 0,1 `bench ep` at EP2 with DeepEP (after waiting for its build)
-#   ep4      both suites at EP4 on all four GPUs (the two test processes share the GPUs)
-#   bench4   `bench ep` at EP4 with DeepEP, FP8 combine, standard MoE, the launch sweep (--tune), plot
+#   tests2   EP2, two pairs at once: the IntraNode suite (tests/ep/test_gpu_ep.py: every dtype,
+#            push / pull / staged push / copy-pull / push kernel for pull calls, 4096-token rounds,
+#            graphs, back-to-back rounds) on GPUs 0,1 and the FP8-combine and standard-MoE cases
+#            (tests/ep/test_gpu_ep_extensions.py) on GPUs 2,3
+#   tests4   both files at EP4 on all four GPUs (the two test processes share the GPUs)
+#   ceiling  tools/gpu/nvlink_ceiling.py: copy-engine all-to-all and one-pair GB/s (the ceiling)
+#   bench4   `bench ep` at EP4 with DeepEP, FP8 combine, standard MoE, plot, and a small launch
+#            sweep at 4096 tokens (--tune); first, since the issue's main targets are EP4's
+#   bench2   the same at EP2 (GPUs 0,1; no sweep); if it fails, once more without DeepEP (our
+#            rows and the NCCL baseline) when the budget allows
 # MORI_TEST_ROUNDS (default 100 here) sets the back-to-back round counts of the tests.
 # DeepEP: tools/gpu/deepep_build.sh, started in the background by the lead into /tmp/deepep; this
 # script waits (bounded) for /tmp/deepep/ok or /tmp/deepep/failed and runs without it otherwise.
-# Logs, JSON and the PNG plots go to $OUT; a summary is printed last; exit 1 when a test failed.
+# Logs, JSON and the PNG plots go to $OUT; the summary and the final tables (targets last) are
+# printed at the end; exit 1 when a test failed or a bench's equality check said NO.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export MORI_BENCH_PROGRESS=1  # bench ranks log which part they start (stderr, into the bench logs)
 export MORI_TEST_ROUNDS=${MORI_TEST_ROUNDS:-100}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/../.."
-BUDGET=${EP_DEEPEP_BUDGET:-195}
+BUDGET=${EP_DEEPEP_BUDGET:-185}
 DEEPEP=${DEEPEP_DIR:-/tmp/deepep}
-STAGES=${*:-ep2 ep4 bench4}
+STAGES=${*:-tests2 tests4 ceiling bench4 bench2}
 SUMMARY="$OUT/ep_deepep_summary.txt"
 : > "$SUMMARY"
 PYTEST="$PY -m pytest -q -rs -p no:cacheprovider -o addopts=''"
@@ -55,7 +62,7 @@ wait_deepep() {  # bounded wait for the lead's background build; sets DEEPEP_PAT
   fi
 }
 
-BENCH="$PY -m mori_core.bench ep --tokens 128,512,4096 --dtypes bf16,fp8 --auto --iters 10 --eager-calls 30 --fp8-combine --std-moe --deepep"
+BENCH="$PY -m mori_core.bench ep --tokens 128,512,4096 --dtypes bf16,fp8 --auto --iters 10 --eager-calls 30 --fp8-combine --std-moe"
 bench_cmd() {  # bench_cmd WORLD NAME EXTRA...
   local world=$1 name=$2; shift 2
   echo "MORI_SHMEM_HEAP_SIZE=8G PYTHONPATH=${DEEPEP_PATH:+$DEEPEP_PATH:}\${PYTHONPATH:-} $BENCH --world-size $world --json $OUT/$name.json --plot $OUT/$name.png $*"
@@ -63,21 +70,26 @@ bench_cmd() {  # bench_cmd WORLD NAME EXTRA...
 
 for s in $STAGES; do
   case $s in
-    ep2)
-      ( run ep2_suite 60 "CUDA_VISIBLE_DEVICES=2,3 $PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[2]'"
-        run ep2_ext 60 "CUDA_VISIBLE_DEVICES=2,3 $PYTEST -s 'tests/ep/test_gpu_ep_extensions.py::test_standard_moe_and_fp8_combine[2]'" ) &
-      TESTS_PID=$!
-      wait_deepep 60
-      run bench2 80 "CUDA_VISIBLE_DEVICES=0,1 $(bench_cmd 2 bench2)"
-      wait "$TESTS_PID" ;;
-    ep4)
-      run ep4_suite 75 "$PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[4]'" &
+    tests2)
+      run ep2_suite 45 "CUDA_VISIBLE_DEVICES=0,1 $PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[2]'" &
       SUITE_PID=$!
-      run ep4_ext 75 "$PYTEST -s 'tests/ep/test_gpu_ep_extensions.py::test_standard_moe_and_fp8_combine[4]'"
+      run ep2_ext 45 "CUDA_VISIBLE_DEVICES=2,3 $PYTEST -s 'tests/ep/test_gpu_ep_extensions.py::test_standard_moe_and_fp8_combine[2]'"
       wait "$SUITE_PID" ;;
+    tests4)
+      run ep4_suite 65 "$PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[4]'" &
+      SUITE_PID=$!
+      run ep4_ext 65 "$PYTEST -s 'tests/ep/test_gpu_ep_extensions.py::test_standard_moe_and_fp8_combine[4]'"
+      wait "$SUITE_PID" ;;
+    ceiling)
+      run ceiling 15 "$PY tools/gpu/nvlink_ceiling.py 53,128 10" ;;
+    bench2)
+      [ -z "${DEEPEP_PATH+x}" ] && wait_deepep 30
+      if ! run bench2 40 "CUDA_VISIBLE_DEVICES=0,1 $(bench_cmd 2 bench2 --deepep)"; then
+        run bench2_nodeepep 25 "CUDA_VISIBLE_DEVICES=0,1 $(bench_cmd 2 bench2_nodeepep)"
+      fi ;;
     bench4)
       [ -z "${DEEPEP_PATH+x}" ] && wait_deepep 30
-      run bench4 90 "$(bench_cmd 4 bench4 --tune --tune-tokens 512,4096)" ;;
+      run bench4 50 "$(bench_cmd 4 bench4 --deepep --tune --tune-tokens 4096)" ;;
     *) echo "unknown stage $s" | tee -a "$SUMMARY" ;;
   esac
 done
@@ -98,12 +110,26 @@ tables() {  # tables FILE PATTERN...: the Markdown tables whose titles match
                        on && /^###/ {print; next} on && rows && !/^\|/ {on=0}' "$f"
   done
 }
-for f in bench2 bench4; do
+[ -f "$OUT/ceiling.log" ] && { echo "----- ceiling"; grep -E "^###|^\||verified" "$OUT/ceiling.log"; }
+for f in bench2 bench2_nodeepep bench4; do
   [ -f "$OUT/$f.log" ] || continue
-  echo "----- $f (targets, DeepEP comparison, checks, FP8 combine, standard MoE, launch sweep best)"
-  tables "$OUT/$f.log" "issue #31 targets" "ours vs DeepEP at its best" "same data, both libraries" "FP8 combine vs BF16" \
-    "standard-MoE layout" "best per kernel)" | head -150
-  grep -E "^wrote |--deepep: skipped|Traceback|Error" "$OUT/$f.log" | head -5
+  echo "----- $f (DeepEP comparison, checks, FP8 combine, standard MoE, sweep best, host time)"
+  [ "$f" = bench2_nodeepep ] && tables "$OUT/$f.log" "uniform routing"  # no DeepEP table: our main table
+  tables "$OUT/$f.log" "ours vs DeepEP at its best" "SM for SM" "same data, both libraries" "FP8 combine vs BF16" \
+    "standard-MoE layout" "best per kernel)" "Host time of one call" | head -150
+  grep -E "^wrote |--deepep: skipped|Traceback|Error|failed|no report" "$OUT/$f.log" | head -8
+  grep -E "^\[rank [0-9]+ \+" "$OUT/$f.log" | tail -4  # where each rank was last (progress lines)
 done
 ls "$OUT"/*.png 2>/dev/null
-! grep -E "^(ep2_suite|ep2_ext|ep4_suite|ep4_ext) " "$SUMMARY" | grep -qvE "rc=0 "
+echo "===== issue #31 targets (final tables)"
+for f in bench2 bench4; do
+  [ -f "$OUT/$f.log" ] && tables "$OUT/$f.log" "issue #31 targets"
+done
+fail=0
+grep -E "^(ep2_suite|ep2_ext|ep4_suite|ep4_ext) " "$SUMMARY" | grep -qvE "rc=0 " && fail=1
+grep -E "^(bench2|bench4) " "$SUMMARY" | grep -qvE "rc=0 " && { echo "a bench failed (see its log)"; fail=1; }
+for f in bench2 bench4; do
+  [ -f "$OUT/$f.log" ] && tables "$OUT/$f.log" "same data, both libraries" | grep -qE "\| +NO +\|" && {
+    echo "$f: an equality check between DeepEP and ours said NO"; fail=1; }
+done
+exit $fail

@@ -18,6 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import zmq
@@ -208,6 +209,20 @@ class TransferAgent:
             ", authenticated" if self.codec.authenticated else "",
         )
 
+    # ------------------------------------------------------------- identity
+    def bind_instance(self, instance_id: str) -> None:
+        """Name the server process this worker belongs to (its scheduler's nonce) in our handshake.
+
+        Peers load our blocks only for requests of this instance. Called with every step; a
+        worker never changes instance (its scheduler's lifetime is the process's).
+        """
+        if not instance_id or instance_id == self.metadata.instance:
+            return
+        if self.metadata.instance:
+            raise RuntimeError(f"MoriSuiteConnector: worker of instance {self.metadata.instance} was told it is "
+                               f"instance {instance_id}")
+        self.metadata = msgspec.structs.replace(self.metadata, instance=instance_id)
+
     # ---------------------------------------------------------------- peers
     def _on_notify(self, message: Any) -> None:
         if isinstance(message, WriteRequest):
@@ -225,6 +240,8 @@ class TransferAgent:
         with self.lock:
             peer = self._peers.get(desc.key)
             if peer is not None:
+                if peer.meta.instance != meta.instance:  # the same process learned its instance since
+                    peer.meta = meta
                 return peer
         try:
             regions = [MemoryDesc.unpack(b) for b in meta.regions]
@@ -244,15 +261,24 @@ class TransferAgent:
         """The handshake address of rank ``rank`` of the producer at ``address``."""
         return address.host, rank_port(address.handshake_port, address.dp_rank, tp_size, rank)
 
-    def fetch_peer(self, address: PeerAddress, rank: int, tp_size: int, engine_id: Optional[str] = None) -> Peer:
+    def fetch_peer(
+        self,
+        address: PeerAddress,
+        rank: int,
+        tp_size: int,
+        engine_id: Optional[str] = None,
+        instance_id: Optional[str] = None,
+    ) -> Peer:
         """Rank ``rank`` of the producer at ``address``, from a cached handshake when it can be trusted.
 
         The cache follows the process, not the address: an entry is redone when the peer was
         not heard from for ``handshake_ttl`` or when ``engine_id`` (vLLM's engine id the
-        request's KV lives on, ``remote_engine_id``) is not the cached peer's; it is dropped
+        request's KV lives on, ``remote_engine_id``) or ``instance_id`` (the server process
+        that computed it, ``remote_instance_id``) is not the cached peer's; it is dropped
         when a handshake or a transfer with the peer fails (:meth:`forget`). Raises
         HandshakeError when the producer cannot be reached, or when the server there now is
-        not engine ``engine_id`` (it restarted after computing the request's KV: that KV is gone).
+        not engine ``engine_id`` / instance ``instance_id`` (it restarted after computing the
+        request's KV: that KV is gone, and its blocks at those ids hold other KV).
         """
         where = self.peer_address(address, rank, tp_size)
         host, port = where
@@ -263,6 +289,7 @@ class TransferAgent:
             peer is not None
             and now - peer.seen <= self.config.handshake_ttl_s
             and (engine_id is None or peer.meta.engine_id == engine_id)
+            and (instance_id is None or peer.meta.instance == instance_id)
         ):
             return peer
         try:
@@ -285,6 +312,12 @@ class TransferAgent:
             raise HandshakeError(
                 f"{host}:{port} is now engine {meta.engine_id}, but the request's KV is on engine {engine_id} "
                 "(the prefill restarted after it computed the request: its KV is gone)"
+            )
+        if instance_id is not None and meta.instance != instance_id:
+            raise HandshakeError(
+                f"{host}:{port} is now prefill instance {meta.instance or '(no step run yet)'} of engine "
+                f"{meta.engine_id}, but the request's KV was computed by instance {instance_id} (the prefill "
+                "restarted after it computed the request: its KV is gone)"
             )
         return peer
 

@@ -210,10 +210,10 @@ class ConsumerSide:
     def _producers(self, job: RecvJob) -> Tuple[List[Address], List["Peer"]]:
         """Handshake addresses and peers of every producer rank (index = rank)."""
         assert job.peer is not None
-        agent, engine_id = self._agent, job.remote_engine_id
-        rank0 = agent.fetch_peer(job.peer, 0, job.peer.tp_size_hint, engine_id)
+        agent, engine_id, instance = self._agent, job.remote_engine_id, job.remote_instance_id
+        rank0 = agent.fetch_peer(job.peer, 0, job.peer.tp_size_hint, engine_id, instance)
         tp = rank0.meta.tp_size
-        peers = [rank0] + [agent.fetch_peer(job.peer, r, tp, engine_id) for r in range(1, tp)]
+        peers = [rank0] + [agent.fetch_peer(job.peer, r, tp, engine_id, instance) for r in range(1, tp)]
         addresses = [agent.peer_address(job.peer, 0, job.peer.tp_size_hint)]
         addresses += [agent.peer_address(job.peer, r, tp) for r in range(1, tp)]
         return addresses, peers

@@ -1,13 +1,17 @@
 """The connector's control plane: per-worker listener, notification sender, metadata fetch.
 
 One thread per worker serves two bound sockets (MoRIIO's two-port scheme): a ROUTER
-answering :class:`GetMeta` and a PULL receiving notifications. Every frame is bounded
-(``MAXMSGSIZE``) and decoded by the connector's codec; a bad or unauthenticated message
-is dropped and logged, at most one line per peer address per interval (with counts), so
-a flood of bad frames cannot flood the log. Without a shared secret any peer that reaches
-the ports can send valid messages: the server warns at start when it binds beyond
-loopback that way. Handlers run on this thread and must not block: anything slow is
-handed to the transfer threads.
+answering :class:`GetMeta` and a PULL receiving notifications. Both are set up by
+:mod:`~mori_integrations.common.zmq_setup` before they bind: frames of at most the codec's
+piece size (a larger frame drops the connection at its header), a bounded queue per
+connection and, with a shared secret, CURVE authentication of every connection, so a peer
+without the secret gets no message -- and no memory -- past the handshake. Every message is
+decoded by the connector's codec: a notification must be addressed to this notify port and
+a metadata reply to the request it answers. A bad message is dropped and logged, at most
+one line per peer address and a few lines in total per interval (with a summary of what
+was not logged). Without a shared secret any peer that reaches the ports can send valid
+messages: the server warns at start when it binds beyond loopback that way. Handlers run
+on this thread and must not block: anything slow is handed to the transfer threads.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import zmq
 from mori_integrations.common.control_codec import ControlCodec, ControlMessageError
 from mori_integrations.common.log_limit import RateLimitedLog, zmq_peer_address, warn_if_exposed
 from mori_integrations.common.net import refuses_connections
+from mori_integrations.common.zmq_setup import close_listener, secure_client, secure_listener
 from mori_integrations.vllm.kv_connector.messages import AgentMetadata, GetMeta
 
-__all__ = ["ControlServer", "HandshakeError", "Notifier", "fetch_metadata"]
+__all__ = ["ControlServer", "HandshakeError", "Notifier", "fetch_metadata", "notify_recipient"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,11 @@ _REFUSAL_CHECK_MS = 200  # a handshake unanswered this long checks whether anyth
 
 class HandshakeError(RuntimeError):
     """A peer's metadata could not be obtained (unreachable, timed out, refused, invalid)."""
+
+
+def notify_recipient(host: str, port: int) -> str:
+    """Whom a notification to ``host:port`` is bound to: the notify port's advertised address."""
+    return f"{host}:{port}"
 
 
 class ControlServer:
@@ -57,22 +67,23 @@ class ControlServer:
         self._stop = threading.Event()
         self._router = ctx.socket(zmq.ROUTER)
         self._pull = ctx.socket(zmq.PULL)
-        for sock in (self._router, self._pull):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, codec.max_frame_bytes)
+        self._authenticated = {}
+        self._me = notify_recipient(host, notify_port)
         try:
+            for sock in (self._router, self._pull):
+                sock.setsockopt(zmq.LINGER, 0)
+                self._authenticated[sock] = secure_listener(sock, codec.secret, codec.max_frame_bytes)
             self._router.bind(f"tcp://{host}:{handshake_port}")
             self._pull.bind(f"tcp://{host}:{notify_port}")
         except zmq.ZMQError as e:
-            self._router.close(0)
-            self._pull.close(0)
+            self._close_sockets()
             raise RuntimeError(
                 f"MoriSuiteConnector cannot listen on {host}:{handshake_port} (handshake) / {notify_port} (notify): "
                 f"{e}. Ports are handshake_port/notify_port + dp_rank * tp_size + tp_rank; give each server "
                 "on a host its own base ports."
             ) from e
         self.address = (host, handshake_port, notify_port)
-        self.bad_messages = RateLimitedLog(logger)
+        self.bad_messages = RateLimitedLog(logger, what="bad control messages")
         warn_if_exposed(logger, f"MoriSuiteConnector's KV side channel ({name})", host, codec.authenticated)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -93,6 +104,7 @@ class ControlServer:
                 self._serve_one(self._router, reply=True)
             if self._pull in ready:
                 self._serve_one(self._pull, reply=False)
+            self.bad_messages.tick()
 
     def _serve_one(self, sock: zmq.Socket, reply: bool) -> None:
         try:
@@ -107,13 +119,14 @@ class ControlServer:
                 return
             identity, frames = frames[0], frames[1:]
         try:
-            message = self._codec.decode(frames)
-            if reply:
+            if reply:  # anyone may ask for the metadata; the answer is bound to the request
+                message = self._codec.decode(frames)
                 if not isinstance(message, GetMeta):
                     raise ControlMessageError(f"{type(message).__name__} sent to the handshake port")
-                sock.send_multipart([identity, *self._codec.encode(self._get_metadata())], zmq.NOBLOCK)
+                answer = self._codec.encode(self._get_metadata(), recipient=self._codec.reply_binding(frames))
+                sock.send_multipart([identity, *answer], zmq.NOBLOCK)
             else:
-                self._on_notify(message)
+                self._on_notify(self._codec.decode(frames, recipient=self._me))
         except ControlMessageError as e:
             self.bad_messages.warning(source, "MoriSuiteConnector: dropped a control message from %s: %s", source, e)
         except zmq.ZMQError as e:
@@ -125,8 +138,11 @@ class ControlServer:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2.0)
-        self._router.close(0)
-        self._pull.close(0)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in (self._router, self._pull):
+            close_listener(sock, self._authenticated.get(sock, False))
 
 
 class Notifier:
@@ -140,7 +156,7 @@ class Notifier:
 
     def send(self, host: str, port: int, message: Any) -> bool:
         """Queue ``message`` for ``host:port``; False (logged) when it cannot be queued."""
-        frames = self._codec.encode(message)
+        frames = self._codec.encode(message, recipient=notify_recipient(host, port))
         with self._lock:
             sock = self._sockets.get((host, port))
             if sock is None:
@@ -148,6 +164,7 @@ class Notifier:
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
                 sock.setsockopt(zmq.IMMEDIATE, 0)
+                secure_client(sock, self._codec.secret, self._codec.max_frame_bytes)
                 sock.connect(f"tcp://{host}:{port}")
                 self._sockets[(host, port)] = sock
             try:
@@ -175,10 +192,11 @@ def fetch_metadata(
     """
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, codec.max_frame_bytes)
+    secure_client(sock, codec.secret, codec.max_frame_bytes)
     try:
         sock.connect(f"tcp://{host}:{port}")
-        sock.send_multipart(codec.encode(GetMeta(requester=requester)))
+        request = codec.encode(GetMeta(requester=requester))
+        sock.send_multipart(request)
         deadline = time.monotonic() + timeout_s
         if not sock.poll(min(int(timeout_s * 1000), _REFUSAL_CHECK_MS), zmq.POLLIN):
             if refuses_connections(host, port, max(0.001, deadline - time.monotonic())):
@@ -188,7 +206,7 @@ def fetch_metadata(
                     f"no answer from the KV connector at {host}:{port} within {timeout_s:g} s "
                     "(server down, wrong handshake_port, or a different shared secret?)"
                 )
-        message = codec.decode(sock.recv_multipart())
+        message = codec.decode(sock.recv_multipart(), recipient=codec.reply_binding(request))
     except ControlMessageError as e:
         raise HandshakeError(f"invalid handshake answer from {host}:{port}: {e}") from None
     except zmq.ZMQError as e:

@@ -110,6 +110,8 @@ class AgentMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     group_block_sizes: Annotated[List[Positive], msgspec.Meta(min_length=1, max_length=MAX_GROUPS)]
     notify_host: Name
     notify_port: Port
+    # The server process (its scheduler's nonce, ``remote_instance_id``); "" until the worker ran a step.
+    instance: EngineKey = ""
 
     def validate(self) -> None:
         for layer in self.layers:

@@ -43,6 +43,9 @@ class RecvJob:
     num_prompt_tokens: int
     remote_block_ids: Optional[List[List[int]]] = None  # READ: the producer's block lists
     remote_engine_id: Optional[str] = None  # vLLM engine id of the producer that holds the KV, when known
+    # The producer *process* that holds the KV (its scheduler's per-start nonce, ``remote_instance_id``):
+    # a server restarted on the same ports, even with a fixed engine id, is another instance.
+    remote_instance_id: Optional[str] = None
     null_block_id: int = 0
     error: str = ""  # mode "invalid": why no transfer can be made (the request is reported failed)
 
@@ -70,11 +73,17 @@ class FinishedSend:
 
 @dataclasses.dataclass
 class StepPlan:
-    """One step's jobs for the workers."""
+    """One step's jobs for the workers.
+
+    ``instance_id``: the scheduler's per-process nonce, sent with every step so the workers
+    (other processes under a multiprocess executor) can name the server instance whose KV
+    they hold in their handshake metadata; a request's ``remote_instance_id`` must match it.
+    """
 
     recv: List[RecvJob] = dataclasses.field(default_factory=list)
     send: List[SendJob] = dataclasses.field(default_factory=list)
     finished_sends: List[FinishedSend] = dataclasses.field(default_factory=list)
+    instance_id: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.recv or self.send or self.finished_sends)

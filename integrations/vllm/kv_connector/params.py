@@ -3,7 +3,10 @@
 The keys are MoRIIO's/NIXL's where they exist (``do_remote_prefill``, ``do_remote_decode``,
 ``remote_host``, ``remote_handshake_port``, ``remote_notify_port``, ``remote_block_ids``,
 ``remote_engine_id``, ``remote_dp_rank``, ``remote_tp_size``, ``transfer_id``). Ours:
-``transfer_mode`` (``"read"`` / ``"write"``: per-request override of ``read_mode``).
+``transfer_mode`` (``"read"`` / ``"write"``: per-request override of ``read_mode``) and
+``remote_instance_id``: the prefill *process* that computed the KV (a nonce its scheduler draws
+at start). ``remote_engine_id`` alone does not name a process: a server restarted with a fixed
+``kv_transfer_config.engine_id`` keeps it, and its blocks at the old block ids hold other KV.
 
 A request id may also carry the peer's address the way MoRIIO's router writes it
 (``___prefill_addr_host:IP,handshake:PORT,notify:PORT___decode_addr_..._<32 hex>``);
@@ -17,7 +20,15 @@ from typing import Any, List, Mapping, Optional
 
 from mori_integrations.vllm.kv_connector.metadata import PeerAddress
 
-__all__ = ["ParamsError", "block_lists", "engine_id_of", "mode_of", "peer_of", "transfer_id_of"]
+__all__ = [
+    "ParamsError",
+    "block_lists",
+    "engine_id_of",
+    "instance_id_of",
+    "mode_of",
+    "peer_of",
+    "transfer_id_of",
+]
 
 _PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 # vLLM turns X-Request-Id "abc" into "cmpl-abc-0-1a2b3c4d" (completions) / "chatcmpl-abc-1a2b3c4d".
@@ -47,6 +58,18 @@ def engine_id_of(params: Mapping[str, Any]) -> Optional[str]:
         return None
     if not isinstance(value, str) or not 0 < len(value) <= _MAX_ID:
         raise ParamsError(f"remote_engine_id must be a non-empty string of at most {_MAX_ID} characters, got {value!r}")
+    return value
+
+
+def instance_id_of(params: Mapping[str, Any]) -> Optional[str]:
+    """``remote_instance_id``: the prefill process whose blocks ``remote_block_ids`` names (None when not given)."""
+    value = params.get("remote_instance_id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= _MAX_ID:
+        raise ParamsError(
+            f"remote_instance_id must be a non-empty string of at most {_MAX_ID} characters, got {value!r}"
+        )
     return value
 
 

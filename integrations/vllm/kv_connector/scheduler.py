@@ -14,11 +14,18 @@ Producer: in the step that computes a request's last prompt chunk the workers ge
 :class:`SendJob` (its blocks), so they can write layer by layer while the forward runs;
 when the request finishes its blocks stay allocated (``delay_free``) until the workers
 report every decode rank done (or ``defer_timeout``).
+
+Identity: the scheduler draws a nonce at start (:attr:`ConnectorScheduler.instance_id`), hands
+it to its workers with every step and returns it to the decode as ``remote_instance_id``. The
+decode loads KV only from workers that name the same instance in their handshake, so a prefill
+restarted on the same ports (with a fixed ``engine_id`` too) never serves its predecessor's
+requests from its own blocks.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from mori_integrations.vllm.kv_connector.config import ConnectorConfig
@@ -27,6 +34,7 @@ from mori_integrations.vllm.kv_connector.params import (
     ParamsError,
     block_lists,
     engine_id_of,
+    instance_id_of,
     mode_of,
     peer_of,
     transfer_id_of,
@@ -58,6 +66,7 @@ class ConnectorScheduler:
         kv = vllm_config.kv_transfer_config
         self.config = config
         self.engine_id = engine_id
+        self.instance_id = uuid.uuid4().hex  # this server process; see the module docstring
         self.is_producer = kv.kv_role in ("kv_producer", "kv_both")
         self.is_consumer = kv.kv_role in ("kv_consumer", "kv_both")
         self.group_ids = transfer_group_ids(kv_cache_config)
@@ -70,7 +79,8 @@ class ConnectorScheduler:
         self._producing: Dict[str, "Request"] = {}  # producer requests not finished yet
         self._last_chunk_sent: set = set()
         self._results: Dict[str, Dict[str, Any]] = {}  # consumer: how the KV arrived, per request
-        self._plan = StepPlan()
+        self._plan = StepPlan(instance_id=self.instance_id)
+        logger.info("MoriSuiteConnector scheduler: engine %s, instance %s", engine_id, self.instance_id)
 
     # ------------------------------------------------------------ helpers
     def _null_block_id(self) -> int:
@@ -118,10 +128,14 @@ class ConnectorScheduler:
     ) -> RecvJob:
         block_sizes = self.block_sizes[: len(local)]
         mode = "release" if num_external == 0 else mode_of(params, self.config.default_mode)
+        instance = instance_id_of(params)
         remote = None
         if mode == "read":
             if params.get("remote_block_ids") is None:
                 raise ParamsError("READ mode needs remote_block_ids (from the prefill's response)")
+            if instance is None:  # block ids mean nothing without the process they belong to
+                raise ParamsError("READ mode needs remote_instance_id (from the prefill's response; a prefill "
+                                  "running an older mori-suite does not send it)")
             remote = block_lists(params["remote_block_ids"], len(local))
         return RecvJob(
             req_id=request.request_id,
@@ -134,6 +148,7 @@ class ConnectorScheduler:
             remote_block_ids=remote,
             null_block_id=self._null_block_id(),
             remote_engine_id=engine_id_of(params),
+            remote_instance_id=instance,
         )
 
     # ------------------------------------------------------------ producer
@@ -163,7 +178,7 @@ class ConnectorScheduler:
                     null_block_id=self._null_block_id(),
                 )
             )
-        plan, self._plan = self._plan, StepPlan()
+        plan, self._plan = self._plan, StepPlan(instance_id=self.instance_id)
         return plan
 
     def request_finished(self, request: "Request", block_ids: Sequence[Sequence[int]]) -> Tuple[bool, Optional[Dict[str, Any]]]:
@@ -181,7 +196,8 @@ class ConnectorScheduler:
                 self._plan.recv.append(
                     RecvJob(req_id=req_id, transfer_id=transfer_id_of(req_id, params), mode="release",
                             peer=peer_of(req_id, params), local_block_ids=[], positions=[],
-                            num_prompt_tokens=request.num_prompt_tokens)
+                            num_prompt_tokens=request.num_prompt_tokens,
+                            remote_instance_id=instance_id_of(params))
                 )
             except ParamsError:
                 pass
@@ -207,6 +223,7 @@ class ConnectorScheduler:
             "transfer_mode": params.get("transfer_mode", self.config.default_mode),
             "remote_block_ids": self._select(block_ids),
             "remote_engine_id": self.engine_id,
+            "remote_instance_id": self.instance_id,
             "remote_host": self.config.host_ip,
             "remote_handshake_port": self.config.handshake_port,
             "remote_notify_port": self.config.notify_port,

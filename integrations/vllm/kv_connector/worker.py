@@ -135,6 +135,8 @@ class ConnectorWorker:
     # -------------------------------------------------------------- steps
     def bind(self, plan: StepPlan) -> None:
         """Before the forward: producer jobs of this step (writes can start layer by layer)."""
+        if self.agent is not None:
+            self.agent.bind_instance(plan.instance_id)
         if plan.send or plan.finished_sends:
             self._require_agent().producer.begin_step(plan.send, plan.finished_sends)
 

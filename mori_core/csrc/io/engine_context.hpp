@@ -27,6 +27,10 @@ class RemoteEngineTable {
   std::unordered_map<std::string, EngineDesc> engines_;
 };
 
+// The listener's caps from MORI_IO_MAX_HANDSHAKES, MORI_IO_MAX_CONNECTIONS and
+// MORI_IO_SERVE_THREADS (out-of-range values raise, naming the variable).
+net::ListenerLimits ListenerLimitsFromEnv();
+
 struct EngineContext {
   std::string key;
   IOEngineConfig config;

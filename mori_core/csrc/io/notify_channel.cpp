@@ -54,25 +54,43 @@ bool LocalEngineDirectory::Deliver(const std::string& toKey, const std::string& 
   return true;
 }
 
-void ServeNotifyChannel(EngineContext& ctx, net::Socket& sock, const net::PeerHello& peer,
-                        const std::atomic<bool>& stopping) {
-  std::string err;
-  net::FrameMac rx = peer.keys.ForReceiving(false);
-  const int64_t idle = peer.idleTimeoutMs > 0 ? peer.idleTimeoutMs : -1;
-  for (uint64_t n = 0; !stopping.load(); ++n) {
+namespace {
+
+// Records each authenticated frame; a malformed or unauthenticated one ends the connection.
+class NotifySession : public net::ChannelSession {
+ public:
+  NotifySession(EngineContext& ctx, const net::PeerHello& peer)
+      : ctx_(ctx), key_(peer.engineKey), address_(peer.address), rx_(peer.keys.ForReceiving(false)) {}
+
+  bool OnReadable(net::Socket& sock, const std::atomic<bool>& stopping) override {
     NotifyFrame f{};
-    if (!sock.RecvAll(&f, 1, idle, &err, &stopping)) break;  // idle: the sender redials when it needs to
-    if (!sock.RecvAll(reinterpret_cast<uint8_t*>(&f) + 1, sizeof(f) - 1, 5000, &err)) break;
+    std::string err;
+    // A frame's bytes arrive together; 5 s bounds a peer that sends part of one.
+    if (!sock.RecvAll(&f, sizeof(f), 5000, &err, &stopping)) return false;
     net::Tag tag;
     std::memcpy(tag.data(), f.tag, tag.size());
-    if (f.magic != kNotifyMagic || f.parts != 1 || !rx.Verify(n, {{&f, kNotifySigned}}, tag)) {
-      MORI_WARN_REMOTE(peer.address, "notify channel from '" << peer.engineKey << "' (" << peer.address
-                                                             << "): malformed or unauthenticated frame, "
-                                                                "dropping connection");
-      return;
+    if (f.magic != kNotifyMagic || f.parts != 1 || !rx_.Verify(n_, {{&f, kNotifySigned}}, tag)) {
+      MORI_WARN_REMOTE(address_, "notify channel from '" << key_ << "' (" << address_
+                                                         << "): malformed or unauthenticated frame, "
+                                                            "dropping connection");
+      return false;
     }
-    ctx.notifications.Record(peer.engineKey, f.uid, 1);
+    ++n_;
+    ctx_.notifications.Record(key_, f.uid, 1);
+    return true;
   }
+
+ private:
+  EngineContext& ctx_;
+  std::string key_, address_;
+  net::FrameMac rx_;
+  uint64_t n_ = 0;  // frames received: the tags' counter
+};
+
+}  // namespace
+
+std::unique_ptr<net::ChannelSession> NewNotifySession(EngineContext& ctx, net::Socket&, const net::PeerHello& peer) {
+  return std::make_unique<NotifySession>(ctx, peer);
 }
 
 NotificationSender::NotificationSender(EngineContext& ctx) : ctx_(ctx), thread_([this] { Loop(); }) {}

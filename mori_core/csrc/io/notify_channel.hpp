@@ -35,9 +35,9 @@ class LocalEngineDirectory {
   std::unordered_map<std::string, EngineContext*> engines_;
 };
 
-// Serves one inbound Notify connection (registered by the engine on its listener).
-void ServeNotifyChannel(EngineContext& ctx, net::Socket& sock, const net::PeerHello& peer,
-                        const std::atomic<bool>& stopping);
+// The session of one inbound Notify connection (registered by the engine on its listener).
+std::unique_ptr<net::ChannelSession> NewNotifySession(EngineContext& ctx, net::Socket& sock,
+                                                      const net::PeerHello& peer);
 
 // Sends notifications from one engine, one background thread, one persistent
 // connection per remote engine. Notify() never blocks the caller.

@@ -28,8 +28,11 @@ class OpFailed : public BadState {
 
 using EpHandleConfig = EpOpConfig;
 
-// Tokens per chunk of the staged push combine (MORI_EP_PUSH_STAGE_TOKENS overrides it per op).
-constexpr int kDefaultPushStageTokens = 512;
+// Tokens per chunk of the staged push combine (MORI_EP_PUSH_STAGE_TOKENS overrides it per op);
+// 0 = never staged. The 4xH100 sweep (bench ep --tune, EP4 x 4096 tokens, docs/ep.md) had the
+// unstaged push ahead of every chunk size: BF16 609 us unstaged vs 623-677 us staged, FP8 direct
+// cast 396-429 us vs 632-2022 us (512-token chunks, the old default: 1055 us).
+constexpr int kDefaultPushStageTokens = 0;
 // Warps per block of the standard-MoE expand kernel.
 constexpr int kStdExpandWarps = 8;
 

@@ -15,6 +15,7 @@ import random
 import socket
 import time
 import traceback
+import uuid
 from typing import Any, Dict, List
 
 from mori_core.bench.spawned import SpawnedProcess
@@ -79,6 +80,8 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
     except Exception:
         pipe.send(RuntimeError(traceback.format_exc()))
         return
+    # What vLLM's scheduler hands its workers with every step: the server instance's nonce.
+    agent.bind_instance(spec.get("instance_id") or uuid.uuid4().hex)
     any_kv = next(iter(kv.values()))
     collected: List[Any] = []
 
@@ -170,7 +173,8 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
 
     handlers = {
         "info": lambda _: {"engine_key": agent.engine_key, "handshake_port": agent.handshake_port,
-                           "notify_port": agent.notify_port, "backends": agent.backends},
+                           "notify_port": agent.notify_port, "backends": agent.backends,
+                           "instance": agent.metadata.instance},
         "fill": fill,
         "read": lambda arg: block_heads(kv[arg[0]], arg[1], ratio),
         "send": send,
@@ -206,6 +210,7 @@ class AgentProcess(SpawnedProcess):
     ``spec`` keys: engine_id, tp_rank, tp_size, total_heads, layers, num_blocks, heads (local),
     tokens (per block), content, extra (connector config); optional dtype, layout, device, ratio,
     env (environment variables set before the agent's engine is made, e.g. ``MORI_IO_XGMI_*``).
+    instance_id (the server instance's nonce, as vLLM's scheduler would hand it; default: a fresh one).
     """
 
     def __init__(self, spec: Dict[str, Any], start_timeout: float = 180.0, call_timeout: float = 120.0) -> None:

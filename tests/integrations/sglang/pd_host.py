@@ -249,7 +249,8 @@ class Host:
 
     def manager_info(self, name: str) -> dict:
         mgr = self.managers[name]
-        return {"rank_port": int(mgr.rank_port), "engine_key": mgr.engine_desc.key}
+        return {"rank_port": int(mgr.rank_port), "engine_key": mgr.engine_desc.key,
+                "transfer_timeout_s": getattr(mgr, "_transfer_timeout_s", None)}
 
     def teardown(self, name: str) -> None:
         self.managers.pop(name).teardown()

@@ -133,8 +133,9 @@ def test_malformed_messages_are_logged_and_dropped(cluster, dep) -> None:
     # The control thread survived: a normal request still completes byte-exact.
     run_request(dep, new_request(dep, seed=15))
     log = P.log()
-    assert log.count("rejected control message") >= 6, log[-3000:]
-    assert "in-tree mori backend" in log
+    # Logged, but rate-limited (issue #29 item 4): one line for this source in 10 s, no traceback.
+    assert 1 <= log.count("rejected a control message from 127.0.0.1") <= 5, log[-3000:]
+    assert "Traceback" not in log and "in-tree mori backend" in log
 
 
 def test_teardown_deregisters_memory_and_stops_threads(cluster) -> None:

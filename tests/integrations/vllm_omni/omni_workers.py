@@ -160,6 +160,29 @@ class _Child:
             t.join(timeout=CALL_TIMEOUT_S)
         return results
 
+    def put_own_buffer_and_release(self, cid: str, frm: str, to: str, key: str, nbytes: int, seed: int) -> dict:
+        """Zero-copy put of a buffer of the connector's own pool, released right after the put;
+        then the next payload of the same size is allocated and written (first fit: it lands
+        where the released bytes were unless they are still held for the receiver)."""
+        import numpy as np
+
+        conn = self.connectors[cid]
+        pool = conn._transport.pool
+        payload = make_payload("bytes", nbytes, seed)
+        first = pool.alloc(nbytes)
+        first.tensor.numpy()[:] = np.frombuffer(payload, dtype=np.uint8)
+        ok, size, md = conn.put(frm, to, key, first)
+        offset = first.offset
+        first.release()
+        second = pool.alloc(nbytes)
+        second.tensor.numpy()[:] = 0x42
+        self.reserved[f"{cid}/{key}"] = second
+        return {"ok": ok, "size": size, "md": md, "digest": digest(payload), "reused": second.offset == offset,
+                "used_bytes": pool.allocator.used_bytes}
+
+    def release_reserved(self, cid: str, key: str) -> None:
+        self.reserved.pop(f"{cid}/{key}").release()
+
     def reserve(self, cid: str, size: int) -> dict:
         """Reserve a destination buffer and describe it, for a pull sent by the parent."""
         conn = self.connectors[cid]

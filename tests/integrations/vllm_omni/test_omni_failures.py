@@ -37,20 +37,27 @@ class PullOnBehalf:
     """Sends a real PullRequest for a receiver that cannot (it is stopped)."""
 
     def __init__(self, port: int, secret: str = "") -> None:
+        from mori_integrations.common.zmq_setup import secure_client
+
         self.codec = protocol.make_codec(secret)
+        self.address = f"tcp://127.0.0.1:{port}"
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"tcp://127.0.0.1:{port}")
+        secure_client(self.sock, self.codec.secret, self.codec.max_frame_bytes)
+        self.sock.connect(self.address)
+        self.binding = b""
 
     def send(self, key: str, desc: dict, length: int) -> None:
-        self.sock.send_multipart(self.codec.encode(protocol.PullRequest(
+        frames = self.codec.encode(protocol.PullRequest(
             seq=1, key=key, engine_desc=desc["engine_desc"], mem_desc=desc["mem_desc"],
-            dst_offset=desc["offset"], length=length)))
+            dst_offset=desc["offset"], length=length), recipient=self.address)
+        self.binding = self.codec.reply_binding(frames)
+        self.sock.send_multipart(frames)
 
     def answer(self, timeout_s: float):
         if not self.sock.poll(int(timeout_s * 1000)):
             return None
-        return self.codec.decode(self.sock.recv_multipart())
+        return self.codec.decode(self.sock.recv_multipart(), recipient=self.binding)
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -28,23 +28,35 @@ def _codec(secret: str = ""):
     return protocol.make_codec(secret)
 
 
-def _send(port: int, frames: list[bytes], timeout_s: float = 5.0):
-    """Send raw frames to a sender's listener; the raw reply frames, or None."""
+def _send(port: int, frames: list[bytes], timeout_s: float = 5.0, keys_of: str = ""):
+    """Send raw frames to a sender's listener; the raw reply frames, or None.
+
+    ``keys_of``: connect with the CURVE keys of this secret, i.e. past the connection-level
+    authentication (an insider, or an attacker who got through it); "" = none, as an outsider.
+    """
+    from mori_integrations.common.zmq_setup import secure_client
+
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    secure_client(sock, keys_of.encode(), 1 << 20)
     sock.connect(f"tcp://127.0.0.1:{port}")
     try:
-        sock.send_multipart(frames)
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return None
         return sock.recv_multipart() if sock.poll(int(timeout_s * 1000)) else None
     finally:
         sock.close(linger=0)
 
 
-def _pull_frames(codec, key: str, desc: dict, length: int, seq: int = 1) -> list[bytes]:
+def _pull_frames(codec, key: str, desc: dict, length: int, seq: int = 1, port: int = 0) -> list[bytes]:
+    """A pull for the receiver described by ``desc``, bound to the sender listening on ``port``."""
     from mori_integrations.vllm_omni import protocol
 
     return codec.encode(protocol.PullRequest(seq=seq, key=key, engine_desc=desc["engine_desc"],
-                                             mem_desc=desc["mem_desc"], dst_offset=desc["offset"], length=length))
+                                             mem_desc=desc["mem_desc"], dst_offset=desc["offset"], length=length),
+                        recipient=f"tcp://127.0.0.1:{port}")
 
 
 def _v0_pull(key: str, desc: dict, length: int, seq: int = 1) -> list[bytes]:
@@ -72,7 +84,10 @@ def test_one_invalid_utf8_frame_does_not_kill_the_listener(omni_procs, free_base
 def test_with_a_secret_forged_replayed_and_foreign_pulls_are_refused(omni_procs, free_base_port) -> None:
     """Items 2 and 3, deliverable 2: with auth_secret an outsider can neither take a
     payload nor make the sender write into a receiver's pool (confused deputy), and a
-    captured pull cannot be replayed; the real receiver still gets its payload."""
+    captured pull cannot be replayed; the real receiver still gets its payload.
+
+    An outsider does not get past the connection (CURVE, issue #29 item 2): no answer at
+    all. The message-level checks are shown over an authenticated connection."""
     snd, rcv = omni_procs[0], omni_procs[1]
     port = free_base_port(1)
     snd.call("create", cid="sec_s", extra=sender_extra(port, auth_secret=SECRET))
@@ -82,21 +97,23 @@ def test_with_a_secret_forged_replayed_and_foreign_pulls_are_refused(omni_procs,
     victim = rcv.call("reserve", cid="sec_r", size=3305)  # a real receiver's buffer, descriptors in clear
 
     def refused(frames: list[bytes]) -> str:
-        reply = _send(port, frames)
+        assert _send(port, frames, timeout_s=1.0) is None, "an outsider got an answer"
+        reply = _send(port, frames, keys_of=SECRET)
         assert reply is not None, "no answer"
         message = msgspec.msgpack.decode(reply[2])
         assert reply[1] == b"REJECT", (reply[1], message)
         return message["reason"]
 
     assert "not a mori-suite control message" in refused(_v0_pull("two@0_1", victim, 3305))
-    assert "unauthenticated" in refused(_pull_frames(_codec(), "two@0_1", victim, 3305))  # forged (item 3)
-    assert "bad authentication" in refused(_pull_frames(_codec("wrong"), "two@0_1", victim, 3305))
+    assert "unauthenticated" in refused(_pull_frames(_codec(), "two@0_1", victim, 3305, port=port))  # item 3
+    assert "bad authentication" in refused(_pull_frames(_codec("wrong"), "two@0_1", victim, 3305, port=port))
     query = _codec().encode(__import__("mori_integrations.vllm_omni.protocol", fromlist=["x"]).QueryRequest(
         seq=5, key="two@0_1"))
     assert "unauthenticated" in refused(query)
     # A pull signed with the secret (as if captured on the wire) works once, never twice.
-    signed = _pull_frames(_codec(SECRET), "one@0_1", victim, 3305)
-    first = _codec(SECRET).decode(_send(port, signed))
+    signed = _pull_frames(_codec(SECRET), "one@0_1", victim, 3305, port=port)
+    codec = _codec(SECRET)
+    first = codec.decode(_send(port, signed, keys_of=SECRET), recipient=codec.reply_binding(signed))
     assert first.ok, first
     assert "replayed" in refused(signed)
     assert rcv.call("reserved_digest", cid="sec_r") == put1["digest"]  # only the signed pull wrote
@@ -105,6 +122,40 @@ def test_with_a_secret_forged_replayed_and_foreign_pulls_are_refused(omni_procs,
     assert got["found"] and got["digest"] == put2["digest"]
     health = snd.call("health", cid="sec_s")
     assert health["malformed_requests"] >= 4 and health["listener_alive"]
+
+
+def test_a_pull_replayed_to_another_sender_is_refused(omni_procs, free_base_port) -> None:
+    """Issue #29 item 1: two sender processes share the secret and both hold a payload under
+    the same key and length (say two TP ranks publishing one request id). A pull captured on
+    its way to the first one and sent to the second used to be accepted there (the seen-nonce
+    set is per process): the receiver's buffer was overwritten and its own pull from the
+    second sender found nothing. Now the pull is bound to the first sender's address."""
+    s1, rcv, s2 = omni_procs[0], omni_procs[1], omni_procs[2]
+    port1, port2 = free_base_port(1), free_base_port(1)
+    s1.call("create", cid="rp_s1", extra=sender_extra(port1, auth_secret=SECRET))
+    s2.call("create", cid="rp_s2", extra=sender_extra(port2, auth_secret=SECRET))
+    rcv.call("create", cid="rp_r", extra=receiver_extra(port1, auth_secret=SECRET))
+    put1 = s1.call("put", cid="rp_s1", frm="0", to="1", key="req", kind="bytes", nbytes=4096, seed=21)
+    put2 = s2.call("put", cid="rp_s2", frm="0", to="1", key="req", kind="bytes", nbytes=4096, seed=22)
+    assert put1["digest"] != put2["digest"] and put1["size"] == put2["size"]
+    victim = rcv.call("reserve", cid="rp_r", size=4096)
+    codec = _codec(SECRET)
+    captured = _pull_frames(codec, "req@0_1", victim, 4096, port=port1)  # what the receiver sends to s1
+    first = codec.decode(_send(port1, captured, keys_of=SECRET), recipient=codec.reply_binding(captured))
+    assert first.ok, first
+
+    def replay(port: int) -> str:
+        reply = _send(port, captured, keys_of=SECRET)
+        assert reply is not None and reply[1] == b"REJECT", reply
+        return msgspec.msgpack.decode(reply[2])["reason"]
+
+    assert "replayed" in replay(port1)
+    assert f"addressed to 'tcp://127.0.0.1:{port1}', not to 'tcp://127.0.0.1:{port2}'" in replay(port2)
+    assert _send(port2, captured, timeout_s=1.0) is None  # an outsider does not even get an answer
+    assert rcv.call("reserved_digest", cid="rp_r") == put1["digest"]  # the receiver's buffer is untouched
+    got = rcv.call("get", cid="rp_r", frm="0", to="1", key="req", md=put2["md"])  # its own pull from s2
+    assert got["found"] and got["digest"] == put2["digest"]
+    assert s2.call("health", cid="rp_s2")["bytes_sent"] == 4096  # s2 wrote once: for the receiver's own pull
 
 
 def test_forged_pulls_cannot_fill_the_engine_table(omni_procs, free_base_port) -> None:
@@ -117,13 +168,16 @@ def test_forged_pulls_cannot_fill_the_engine_table(omni_procs, free_base_port) -
     put = snd.call("put", cid="fill_s", frm="0", to="1", key="bait", kind="bytes", nbytes=3305, seed=3)
     rcv.call("create", cid="fill_probe", extra=receiver_extra(port, auth_secret=SECRET))
     desc = rcv.call("reserve", cid="fill_probe", size=3305)
+    from mori_integrations.common.zmq_setup import secure_client
+
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    secure_client(sock, SECRET.encode(), 1 << 20)  # past the connection-level authentication
     sock.connect(f"tcp://127.0.0.1:{port}")
     try:
         for i in range(1030):
             fake = dict(desc, engine_desc=desc["engine_desc"].replace(b"omni-receiver", f"x{i:012d}".encode(), 1))
-            sock.send_multipart(_pull_frames(_codec(), "bait@0_1", fake, 3305, seq=i + 1))
+            sock.send_multipart(_pull_frames(_codec(), "bait@0_1", fake, 3305, seq=i + 1, port=port))
             sock.send_multipart(_v0_pull("bait@0_1", fake, 3305, seq=i + 1))
         answers = 0
         deadline = time.monotonic() + 60

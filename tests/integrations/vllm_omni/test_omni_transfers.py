@@ -16,7 +16,8 @@ import msgspec
 import pytest
 import zmq
 
-from omni_workers import digest, find_free_base, make_payload
+from omni_workers import digest, find_free_base, make_payload, wait_until
+from mori_integrations.common.control_codec import PIECE_BYTES
 from mori_integrations.vllm_omni import protocol
 
 SEED_004_SIZES = [3305, 1_611_713]  # 3.3 KB (talker -> code2wav), 1.6 MB (thinker -> talker)
@@ -109,6 +110,22 @@ def test_cleanup_withdraws_a_payload(pair) -> None:
     assert snd.call("health", cid="s")["pool_used_bytes"] == 0
 
 
+def test_a_released_zero_copy_buffer_stays_pinned_until_pulled(pair) -> None:
+    """Issue #29 item 6: main let the next allocation overwrite it; the receiver got b'BBBB' for b'AAAA'."""
+    snd, rcv, _ = pair
+    nbytes = 3 * 4096
+    put = snd.call("put_own_buffer_and_release", cid="s", frm="0", to="1", key="own", nbytes=nbytes, seed=29)
+    assert put["ok"] and put["size"] == nbytes
+    assert not put["reused"], "the next allocation got the released, still published bytes"
+    assert put["used_bytes"] == 2 * nbytes  # the published range is held, the new payload lies beside it
+    got = rcv.call("get", cid="r", frm="0", to="1", key="own", md=put["md"])
+    assert got["found"] and got["digest"] == put["digest"], "the receiver got other bytes than were put"
+    # Pulled: the hold ended and the bytes went back to the pool; only the second payload remains.
+    assert wait_until(lambda: snd.call("health", cid="s")["pool_used_bytes"] == nbytes, 10)
+    snd.call("release_reserved", cid="s", key="own")
+    assert snd.call("health", cid="s")["pool_used_bytes"] == 0
+
+
 def _raw_request(port: int, frames: list[bytes], timeout_s: float = 5.0):
     """Send raw frames to a listener; the decoded reply, or None if none came."""
     ctx = zmq.Context.instance()
@@ -150,14 +167,17 @@ def test_malformed_control_messages_get_clear_errors_and_change_nothing(pair) ->
         "a reply": [protocol.GUARD, b"NOTFOUND", msgspec.msgpack.encode({"seq": 1, "key": key})],
         "negative offset": pull(dst_offset=-4096),
         "zero length": pull(length=0),
-        "over frame limit": query(b"\x00" * (protocol.MAX_FRAME_BYTES + 100)),
+        # bodies travel in frames of at most PIECE_BYTES: a body over the limit in frames within the bound
+        "over message limit": query(b"\x00" * PIECE_BYTES) + [b"\x00" * PIECE_BYTES, b"\x00" * 100],
         "two frames": [b"a", b"b"],
     }
     for name, frames in cases.items():
         reply = _raw_request(port, frames)
         assert isinstance(reply, protocol.Rejected), (name, reply)
         assert reply.reason, name
-    # Far above the limit ZMQ drops the peer: no reply, no memory spent, listener alive.
+    # A frame above the frame bound (a piece + 1 KiB) makes ZMQ drop the peer at the frame
+    # header: no reply, no memory spent, listener alive.
+    assert _raw_request(port, query(b"\x00" * (PIECE_BYTES + 2048)), timeout_s=1.0) is None
     assert _raw_request(port, query(b"\x00" * (8 << 20)), timeout_s=1.0) is None
 
     # Well-formed but wrong: answered with a reason, the payload stays offered.

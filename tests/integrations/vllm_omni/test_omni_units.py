@@ -207,3 +207,33 @@ def test_pull_length_must_match_and_busy_keys_cannot_be_replaced() -> None:
     box.unpin(entry, consumed=False)
     box.add("k", newer, is_fast_path=True)  # idle: replaced, the old bytes are freed
     assert box.info("k") == (10, True) and pool.allocator.used_bytes == 4096
+
+
+def test_a_released_zero_copy_buffer_is_held_until_pulled_or_expired() -> None:
+    box, pool, clock = _outbox(ttl=10)
+    own = pool.alloc(1000)  # the caller's buffer, published zero-copy, released right after the put
+    box.add("k", own, is_fast_path=True, owns_buffer=False)
+    own.release()
+    assert own.released and own.held and pool.allocator.used_bytes == 4096
+    with pytest.raises(RuntimeError, match="released"):
+        own.tensor  # noqa: B018 - the caller's view ends at release
+    other = pool.alloc(1000)
+    assert other.offset != own.offset  # the next payload lands elsewhere
+    entry = box.pin("k", 1000)
+    box.unpin(entry, consumed=True)  # pulled: the hold ends and the bytes go back
+    assert not own.held and pool.allocator.used_bytes == 4096
+    # Not pulled: the TTL ends the hold.
+    late = pool.alloc(1000)
+    box.add("late", late, is_fast_path=True, owns_buffer=False)
+    late.release()
+    clock.now = 100
+    assert box.sweep() == ["late"] and pool.allocator.used_bytes == 4096
+    # Still owned by the caller when the entry goes: the caller's release frees it.
+    kept = pool.alloc(1000)
+    box.add("kept", kept, is_fast_path=True, owns_buffer=False)
+    assert box.discard("kept") and not kept.held and pool.allocator.used_bytes == 8192
+    kept.release()
+    assert pool.allocator.used_bytes == 4096
+    with pytest.raises(RuntimeError, match="cannot be published"):
+        box.add("gone", kept, is_fast_path=True, owns_buffer=False)
+    assert box.info("gone") is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+import uuid
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -50,13 +51,15 @@ class Server:
         cfg = {"backend": "tcp", "host_ip": "127.0.0.1", "handshake_port": self.base[0],
                "notify_port": self.base[1], **TIMEOUTS, **(extra or {})}
         devices = list(devices or ["cpu"] * tp)
+        self.instance = uuid.uuid4().hex  # what vLLM's scheduler of this server would hand its workers
         self.ranks: List[AgentProcess] = []
         try:
             for r in range(tp):
                 self.ranks.append(AgentProcess(dict(
                     engine_id=name, tp_rank=r, tp_size=tp, total_heads=shape.total_heads, layers=shape.layers,
                     num_blocks=shape.blocks, heads=max(1, shape.total_heads // tp), tokens=shape.tokens,
-                    content=shape.content, dtype=shape.dtype, layout=layout, device=devices[r], extra=cfg)))
+                    content=shape.content, dtype=shape.dtype, layout=layout, device=devices[r], extra=cfg,
+                    instance_id=self.instance)))
         except BaseException:
             self.close()
             raise
@@ -119,7 +122,8 @@ def transfer(src: Server, dst: Server, mode: str, n: int = 5, skip: int = 0, pip
     tokens = n * src.shape.tokens - 3  # last block partly filled
     job = RecvJob(req_id=f"d-{tid}", transfer_id=tid, mode=mode, peer=src.address, local_block_ids=[dst_blocks],
                   positions=[skip], num_prompt_tokens=tokens,
-                  remote_block_ids=[src_blocks] if mode == "read" else None)
+                  remote_block_ids=[src_blocks] if mode == "read" else None,
+                  remote_instance_id=src.instance if mode == "read" else None)
     send = SendJob(req_id=f"p-{tid}", transfer_id=tid, block_ids=[src_blocks], num_prompt_tokens=tokens)
     if mode == "write" and pipelined_race:
         for r in dst.ranks:

@@ -37,7 +37,8 @@ def pair() -> Iterator[Dict[str, Server]]:
 def _job(src: Server, dst: Server, tid: str, mode: str, n: int = 2) -> tuple:
     sb, db = src.blocks(n), dst.blocks(n)
     job = RecvJob(req_id=f"d-{tid}", transfer_id=tid, mode=mode, peer=src.address, local_block_ids=[db],
-                  positions=[0], num_prompt_tokens=n * 16, remote_block_ids=[sb] if mode == "read" else None)
+                  positions=[0], num_prompt_tokens=n * 16, remote_block_ids=[sb] if mode == "read" else None,
+                  remote_instance_id=src.instance if mode == "read" else None)
     return job, SendJob(req_id=f"p-{tid}", transfer_id=tid, block_ids=[sb], num_prompt_tokens=n * 16), sb, db
 
 

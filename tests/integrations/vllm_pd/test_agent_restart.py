@@ -3,10 +3,13 @@
 The decode here trusts a cached handshake for an hour (``handshake_ttl``), so each way the
 cache follows the producer process rather than its address is exercised on its own: a READ
 naming the new ``remote_engine_id``; a WRITE sent with a stale handshake (the restarted
-prefill refuses a request meant for its predecessor; the next request handshakes again); a
-READ whose engine id did not change (set by the user) fails on the connection and the next
-one handshakes again; a WRITE in flight when the prefill dies ends within seconds, not at
-``recv_abort_timeout`` (60 s here). The vLLM-level version is in ``test_vllm_pd_e2e.py``.
+prefill refuses a request meant for its predecessor; the next request handshakes again); with
+a fixed engine id (kept across the restart), a READ or WRITE carrying the dead process's
+``remote_instance_id`` is refused at once and loads nothing, whether the decode still holds the
+dead process's handshake or already one of the new process (issue #29 item 7: main read the
+new process's blocks at the old ids); a WRITE in flight when the prefill dies ends within
+seconds, not at ``recv_abort_timeout`` (60 s here). The vLLM-level version is in
+``test_vllm_pd_e2e.py``.
 """
 
 from __future__ import annotations
@@ -67,17 +70,22 @@ def servers() -> Iterator[Tuple[Prefill, Server]]:
 _ids = iter(range(1 << 30))
 
 
-def _request(src: Server, dst: Server, mode: str, engine_id: Optional[str] = None, computed: bool = True
+def _request(src: Server, dst: Server, mode: str, engine_id: Optional[str] = None, computed: bool = True,
+             instance: Optional[str] = None, src_blocks: Optional[List[int]] = None
              ) -> Tuple[object, float, List[int], List[int]]:
     """One request of two blocks; returns (decode result, seconds until it, src blocks, dst blocks).
 
     ``computed``: the prefill has the request's KV (else it waits for a prefill that never comes).
+    ``instance``: ``remote_instance_id`` (READ default: ``src``'s, as the prefill's response carries it).
+    ``src_blocks``: the prefill's block ids named in the request (default: fresh ones).
     """
     tid = f"x{next(_ids)}-{mode}"
-    sb, db = src.blocks(2), dst.blocks(2)
+    sb, db = src_blocks or src.blocks(2), dst.blocks(2)
+    if instance is None and mode == "read":
+        instance = src.instance
     job = RecvJob(req_id=f"d-{tid}", transfer_id=tid, mode=mode, peer=src.address, local_block_ids=[db],
                   positions=[0], num_prompt_tokens=29, remote_block_ids=[sb] if mode == "read" else None,
-                  remote_engine_id=engine_id)
+                  remote_engine_id=engine_id, remote_instance_id=instance)
     if computed and src.ranks[0].proc.is_alive():
         src.ranks[0].call("send", (SendJob(req_id=f"p-{tid}", transfer_id=tid, block_ids=[sb], num_prompt_tokens=29),
                                    False))
@@ -115,17 +123,46 @@ def test_write_with_a_stale_handshake_is_refused_at_once_and_the_next_one_handsh
     check_moved(new, decode, sb, db)
 
 
-def test_read_whose_engine_id_stayed_the_same_fails_on_the_connection_then_handshakes_again(servers) -> None:
+def test_a_fixed_engine_id_stale_read_is_refused_at_once_and_loads_nothing(servers) -> None:
     prefill, decode = servers
-    r, _, _, _ = _request(prefill.server, decode, "read", "x-prefill-2")
+    old = prefill.restart("x-prefill-fixed")
+    r, _, old_blocks, _ = _request(old, decode, "read", "x-prefill-fixed")
+    assert r.ok, r  # the decode caches the first process's handshake
+    dead = old.instance
+    new = prefill.restart("x-prefill-fixed")  # a fixed engine_id: only the instance tells the processes apart
+    assert new.instance != dead
+    # 1) The decode still holds the dead process's handshake: the IO engine refuses the other process.
+    r, took, _, db = _request(new, decode, "read", "x-prefill-fixed", computed=False, instance=dead,
+                              src_blocks=old_blocks)
+    assert not r.ok and took < BOUND_S, (r, took)
+    assert decode.zero(db), "the decode loaded KV for a request of a dead prefill"
+    # 2) The decode holds the new process's handshake (it served a request of its own) ...
+    r, _, sb, db = _request(new, decode, "read", "x-prefill-fixed")
     assert r.ok, r
-    new = prefill.restart("x-prefill-2")  # a fixed engine_id: only the connection tells the processes apart
-    r, took, _, _ = _request(new, decode, "read", "x-prefill-2")
-    assert not r.ok, r
+    check_moved(new, decode, sb, db)
+    # ... then the dead process's params come again: refused by the instance, nothing read from the new one.
+    r, took, _, db = _request(new, decode, "read", "x-prefill-fixed", computed=False, instance=dead,
+                              src_blocks=old_blocks)
+    assert not r.ok and dead in r.reason and "restarted" in r.reason, r
     assert took < BOUND_S, took
-    print(f"\nREAD with a stale handshake to a restarted prefill (same engine id): failed after {took:.2f} s: "
-          f"{r.reason}")
-    r, _, sb, db = _request(new, decode, "read", "x-prefill-2")
+    assert decode.zero(db), "the decode loaded the new prefill's blocks for the dead prefill's request"
+    print(f"\nstale READ (fixed engine id) after a restart: refused after {took:.2f} s: {r.reason}")
+
+
+def test_a_fixed_engine_id_stale_write_is_refused_at_once(servers) -> None:
+    prefill, decode = servers
+    r, _, _, _ = _request(prefill.server, decode, "read", "x-prefill-fixed")
+    assert r.ok, r  # the decode holds this process's handshake
+    dead = prefill.server.instance
+    new = prefill.restart("x-prefill-fixed")
+    for attempt in ("stale handshake cached", "new handshake cached"):
+        r, took, _, db = _request(new, decode, "write", "x-prefill-fixed", computed=False, instance=dead)
+        assert not r.ok and "restarted" in r.reason, (attempt, r)
+        assert took < BOUND_S, (attempt, took)
+        assert decode.zero(db), attempt
+        assert not new.ranks[0].call("pending")[0], f"{attempt}: the new prefill holds a write request for it"
+        print(f"\nstale WRITE (fixed engine id, {attempt}) after a restart: refused after {took:.2f} s: {r.reason}")
+    r, _, sb, db = _request(new, decode, "write", "x-prefill-fixed", instance=new.instance)
     assert r.ok, r
     check_moved(new, decode, sb, db)
 

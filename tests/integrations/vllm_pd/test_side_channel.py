@@ -16,7 +16,8 @@ pytest.importorskip("msgspec")
 zmq = pytest.importorskip("zmq")
 
 from mori_integrations.common.net import detect_local_ip  # noqa: E402
-from mori_integrations.vllm.kv_connector.control import ControlServer, fetch_metadata  # noqa: E402
+from mori_integrations.common.zmq_setup import secure_client  # noqa: E402
+from mori_integrations.vllm.kv_connector.control import ControlServer, fetch_metadata, notify_recipient  # noqa: E402
 from mori_integrations.vllm.kv_connector.messages import (  # noqa: E402
     GUARD,
     AgentMetadata,
@@ -80,21 +81,40 @@ def _server(codec_secret: str, host: str, delivered: list):
     return ctx, server, hport, nport
 
 
-def test_forged_frames_with_a_secret_deliver_nothing_and_log_little(caplog) -> None:
-    """10,000 hostile frames: with a secret none is delivered (item 6), the listener stays
-    up and answers a legitimate handshake, and the log gets a few lines (item 9)."""
-    delivered: list = []
-    ctx, server, hport, nport = _server("s3cret", "127.0.0.1", delivered)
+def _push(ctx, port: int, secret: str):
+    """A PUSH socket towards ``port``, authenticated at the connection with ``secret`` ("" = none)."""
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
-    push.connect(f"tcp://127.0.0.1:{nport}")
+    push.setsockopt(zmq.SNDHWM, 0)
+    secure_client(push, secret.encode(), make_codec(secret).max_frame_bytes)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    return push
+
+
+def test_forged_frames_with_a_secret_deliver_nothing_and_log_little(caplog) -> None:
+    """10,000 hostile frames: with a secret none is delivered (item 6), the listener stays
+    up and answers a legitimate handshake, and the log gets a few lines (item 9).
+
+    An outsider without the secret does not get past the connection (issue #29 item 2:
+    CURVE), so nothing of it is even decoded; the same frames sent over an authenticated
+    connection (as if that layer were bypassed) are refused by the codec one by one."""
+    delivered: list = []
+    ctx, server, hport, nport = _server("s3cret", "127.0.0.1", delivered)
+    outsider, insider = _push(ctx, nport, ""), _push(ctx, nport, "s3cret")
     try:
         caplog.set_level(logging.WARNING)
         rng = random.Random(21)
-        for frames in _hostile_frames(rng, make_codec("").encode(_done(0)), 10_000):
-            push.send_multipart(frames)
-        legit = make_codec("s3cret").encode(_done(99))
-        push.send_multipart(legit)
+        hostile = _hostile_frames(rng, make_codec("").encode(_done(0)), 10_000)
+        for frames in hostile:
+            try:
+                outsider.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:  # its connection never came up: nothing to queue on
+                break
+        time.sleep(1.0)
+        assert server.bad_messages.events == 0 and not delivered, "an outsider's frame reached the decoder"
+        for frames in hostile:
+            insider.send_multipart(frames)
+        insider.send_multipart(make_codec("s3cret").encode(_done(99), recipient=notify_recipient("127.0.0.1", nport)))
         deadline = time.monotonic() + 30
         while not delivered and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -105,9 +125,35 @@ def test_forged_frames_with_a_secret_deliver_nothing_and_log_little(caplog) -> N
         assert 1 <= len(lines) <= 3, f"{len(lines)} log lines for 10,000 bad frames"
         assert server.bad_messages.events >= 10_000
     finally:
-        push.close(0)
+        outsider.close(0)
+        insider.close(0)
         server.close()
         ctx.term()
+
+
+def test_a_notification_for_another_notify_port_is_refused() -> None:
+    """Issue #29 item 1 on the PD side: a notification signed for one worker's notify port,
+    replayed to another worker with the same secret, is dropped there."""
+    a_got: list = []
+    b_got: list = []
+    ctx_a, server_a, _, a_port = _server("s3cret", "127.0.0.1", a_got)
+    ctx_b, server_b, _, b_port = _server("s3cret", "127.0.0.1", b_got)
+    push_a, push_b = _push(ctx_a, a_port, "s3cret"), _push(ctx_b, b_port, "s3cret")
+    try:
+        captured = make_codec("s3cret").encode(_done(7), recipient=notify_recipient("127.0.0.1", a_port))
+        push_a.send_multipart(captured)
+        push_b.send_multipart(captured)
+        deadline = time.monotonic() + 10
+        while (not a_got or server_b.bad_messages.events < 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a_got == [_done(7)] and b_got == [] and server_b.bad_messages.events == 1
+    finally:
+        push_a.close(0)
+        push_b.close(0)
+        server_a.close()
+        server_b.close()
+        ctx_a.term()
+        ctx_b.term()
 
 
 def test_invalid_utf8_frames_do_not_log_tracebacks(caplog) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ from mori_integrations.vllm.kv_connector.params import (  # noqa: E402
     ParamsError,
     block_lists,
     engine_id_of,
+    instance_id_of,
     mode_of,
     peer_of,
     transfer_id_of,
@@ -78,6 +81,9 @@ def test_request_params() -> None:
     assert engine_id_of({}) is None and engine_id_of({"remote_engine_id": "e1"}) == "e1"
     with pytest.raises(ParamsError, match="remote_engine_id must be a non-empty string"):
         engine_id_of({"remote_engine_id": 7})
+    assert instance_id_of({}) is None and instance_id_of({"remote_instance_id": "abc"}) == "abc"
+    with pytest.raises(ParamsError, match="remote_instance_id must be a non-empty string"):
+        instance_id_of({"remote_instance_id": ["abc"]})
     peer = peer_of("r", {"remote_host": "h", "remote_handshake_port": "7000", "remote_notify_port": 7001,
                          "remote_dp_rank": 1, "remote_tp_size": 4})
     assert (peer.host, peer.handshake_port, peer.notify_port, peer.dp_rank, peer.tp_size_hint) == ("h", 7000, 7001, 1, 4)
@@ -224,3 +230,78 @@ def test_layers_sharing_a_view_are_moved_once_per_group() -> None:
     # b shares a's cache in the same group (cross-layer sharing); c overlays it in another group (hybrid allocator)
     assert [(layer.name, layer.group) for layer in layout.layers] == [("a", 0), ("c", 1)]
     assert len(layout.regions) == 1
+
+
+def _scheduler(role: str):
+    """The scheduler side over the parts of vLLM's config it reads (vLLM itself is the other side)."""
+    from types import SimpleNamespace
+
+    from mori_integrations.vllm.kv_connector.scheduler import ConnectorScheduler
+
+    vllm_config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_role=role),
+                                  parallel_config=SimpleNamespace(tensor_parallel_size=1, data_parallel_rank_local=0))
+    group = SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=16))
+    kv_cache_config = SimpleNamespace(kv_cache_groups=[group])
+    return ConnectorScheduler(vllm_config, ConnectorConfig.from_extra({"host_ip": "127.0.0.1"}), kv_cache_config,
+                              "fixed-engine")
+
+
+class _Request:
+    def __init__(self, req_id: str, params: dict, tokens: int = 40) -> None:
+        self.request_id, self.kv_transfer_params, self.num_prompt_tokens = req_id, params, tokens
+        self.num_computed_tokens = 0
+
+
+class _Blocks:
+    def __init__(self, ids: list) -> None:
+        self.ids = ids
+
+    def get_block_ids(self) -> tuple:
+        return (self.ids,)
+
+
+def test_every_transfer_names_the_prefill_process_not_only_its_engine_id() -> None:
+    """Issue #29 item 7: a fixed engine_id survives a restart, the scheduler's instance nonce does not."""
+    first, second = _scheduler("kv_producer"), _scheduler("kv_producer")
+    assert first.instance_id != second.instance_id and first.engine_id == second.engine_id
+    assert first.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})).instance_id == first.instance_id
+    decode = _scheduler("kv_consumer")
+    addr = {"remote_host": "127.0.0.1", "remote_handshake_port": 7000, "remote_notify_port": 7001,
+            "remote_block_ids": [[5, 6, 7]], "remote_engine_id": "fixed-engine", "transfer_mode": "read"}
+    for req_id, params in (("with", {**addr, "remote_instance_id": first.instance_id}), ("without", addr)):
+        request = _Request(req_id, {**params, "do_remote_prefill": True})
+        assert decode.get_num_new_matched_tokens(request, 0) == (40, True)
+        decode.update_state_after_alloc(request, _Blocks([1, 2, 3]), 40)
+    good, bad = decode.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})).recv
+    assert good.mode == "read" and good.remote_instance_id == first.instance_id
+    # READ params without the process they came from cannot be trusted: the request fails (recompute/fail).
+    assert bad.mode == "invalid" and "remote_instance_id" in bad.error
+
+
+def test_the_prefill_response_carries_its_instance() -> None:
+    pytest.importorskip("vllm")
+    from vllm.v1.request import RequestStatus
+
+    prefill = _scheduler("kv_producer")
+    request = _Request("p1", {"do_remote_decode": True, "transfer_id": "t1"})
+    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    prefill.update_state_after_alloc(request, _Blocks([4, 5, 6]), 0)
+    prefill.kv_cache_manager = SimpleNamespace(get_block_ids=lambda req_id: ([4, 5, 6],), block_pool=None)
+    plan = prefill.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"p1": 40}))
+    assert [j.req_id for j in plan.send] == ["p1"] and plan.instance_id == prefill.instance_id
+    delay, params = prefill.request_finished(request, ([4, 5, 6],))
+    assert delay and params["remote_instance_id"] == prefill.instance_id
+    assert params["remote_engine_id"] == "fixed-engine"
+
+
+def test_vllm_pd_bench_refuses_nixl_when_it_is_not_installed() -> None:
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("nixl") is not None:
+        pytest.skip("nixl is installed here")
+    run = subprocess.run([sys.executable, "-m", "mori_core.bench", "vllm-pd", "--systems", "nixl"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])
+    assert "nixl package is not installed" in run.stderr

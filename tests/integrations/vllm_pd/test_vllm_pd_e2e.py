@@ -9,7 +9,12 @@ metrics must show the decode computed no prompt token itself; the connector's co
 must show exactly the KV bytes of the blocks the decode did not have cached.
 Then the prefill is killed (``kill -9``): requests in flight and new ones end within
 seconds. Last, it is started again on the same ports and both decodes, never restarted,
-take their KV from it again in both modes.
+take their KV from it again in both modes. The prefill has a fixed
+``kv_transfer_config.engine_id``, so only the per-process ``remote_instance_id`` tells the
+restarted process from the dead one: the dead process's ``kv_transfer_params`` replayed after
+the restart (READ and WRITE) are refused at once and recomputed (``recompute``) or failed
+(``fail``), never answered from the new process's blocks (issue #29 item 7: main returned
+wrong tokens for the READ and waited ``recv_abort_timeout`` for the WRITE).
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ MAX_TOKENS = [6, 9, 4, 12, 7, 5, 10, 8, 6, 11]
 # After the restart: prompts no decode has cached.
 RESTART_PROMPTS: List[List[int]] = [[(19 * i + 7 * n) % 470 + 20 for i in range(n)] for n in (45, 80, 111, 140)]
 RESTART_MAX_TOKENS = 6
+# Prefilled by the process that is then killed; their kv_transfer_params are replayed after the restart.
+STALE_PROMPTS: List[List[int]] = [[(23 * i + 11 * n) % 460 + 30 for i in range(n)] for n in (70, 100)]
+STALE_MAX_TOKENS = 8
+PREFILL_ENGINE_ID = "mori-e2e-prefill"  # fixed: kept across the restart
+STALE_BOUND_S = 10  # a replayed request of the dead process is refused within this (main: READ wrong tokens, WRITE 30 s)
 DEAD_BOUND_S = 15  # a request to a dead prefill ends (recomputed here) within this
 assert DEAD_BOUND_S < TIMEOUTS["recv_abort_timeout"]
 
@@ -57,18 +67,21 @@ assert DEAD_BOUND_S < TIMEOUTS["recv_abort_timeout"]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict]:
     work = tmp_path_factory.mktemp("vllm_pd")
-    pd = start_pd(work, write_tiny_llama(work / "tiny-llama"), TIMEOUTS, reference=True, policies=("recompute", "fail"))
+    pd = start_pd(work, write_tiny_llama(work / "tiny-llama"), TIMEOUTS, reference=True, policies=("recompute", "fail"),
+                  prefill_engine_id=PREFILL_ENGINE_ID)
     try:
         # The reference's answers, then it goes (four servers share two cores and the RAM).
         reference = []
-        for prompt, n in [*zip(PROMPTS, MAX_TOKENS), *((p, RESTART_MAX_TOKENS) for p in RESTART_PROMPTS)]:
+        for prompt, n in [*zip(PROMPTS, MAX_TOKENS), *((p, RESTART_MAX_TOKENS) for p in RESTART_PROMPTS),
+                          *((p, STALE_MAX_TOKENS) for p in STALE_PROMPTS)]:
             status, body = complete(pd.reference, prompt, n)
             assert status == 200, body
             reference.append(body["choices"][0]["token_ids"])
         pd.procs["reference"].stop()
+        n_restart = len(PROMPTS) + len(RESTART_PROMPTS)
         yield {"urls": [pd.reference, pd.prefill, pd.decode], "procs": pd.procs, "reference": reference[:len(PROMPTS)],
-               "restart_reference": reference[len(PROMPTS):], "proxy_urls": pd.proxies,
-               "kv_prefill": pd.kv_prefill_base, "pd": pd}
+               "restart_reference": reference[len(PROMPTS):n_restart], "stale_reference": reference[n_restart:],
+               "proxy_urls": pd.proxies, "kv_prefill": pd.kv_prefill_base, "pd": pd}
     finally:
         pd.stop()
 
@@ -156,6 +169,13 @@ def test_prefill_death_fails_or_recomputes_within_seconds_and_the_decode_keeps_s
     status, computed = complete(prefill, PROMPTS[5], 1, {"do_remote_decode": True, "transfer_id": "died-after-prefill"})
     assert status == 200, computed
     params = computed["kv_transfer_params"]
+    assert params.get("remote_engine_id") == PREFILL_ENGINE_ID and params.get("remote_instance_id"), params
+    # Requests whose decode legs come only after the prefill was restarted (a replay of this process's params).
+    cluster["stale_params"] = []
+    for i, prompt in enumerate(STALE_PROMPTS):
+        status, body = complete(prefill, prompt, 1, {"do_remote_decode": True, "transfer_id": f"stale-{i}"})
+        assert status == 200, body
+        cluster["stale_params"].append(body["kv_transfer_params"])
     # A WRITE in flight: the decode asked for writes the prefill will not compute before it dies.
     inflight: Dict[str, Any] = {}
 
@@ -230,3 +250,31 @@ def test_a_restarted_prefill_hands_over_kv_again_in_both_modes_without_a_decode_
         failed = metric(after, "vllm:mori_suite_kv_transfers_total", result="failed") - metric(
             before, "vllm:mori_suite_kv_transfers_total", result="failed")
         assert failed == 0, (policy, failed)
+
+
+def test_the_dead_prefills_params_replayed_after_the_restart_are_refused_never_served(cluster) -> None:
+    """Issue #29 item 7: a fixed engine_id survives the restart; the replayed params must not load the new KV."""
+    pd = cluster["pd"]
+    if not pd.procs["prefill"].alive():
+        pd.restart_prefill()  # the previous test restarts it; alone, this test needs it up
+    stale = cluster["stale_params"]
+    for policy in ("recompute", "fail"):
+        decode = pd.decodes[policy]
+        for i, mode in enumerate(("read", "write")):
+            want = cluster["stale_reference"][i]
+            t0 = time.monotonic()
+            status, body = complete(decode, STALE_PROMPTS[i], STALE_MAX_TOKENS,
+                                    {**stale[i], "do_remote_prefill": True, "transfer_mode": mode}, timeout=120)
+            took = time.monotonic() - t0
+            what = f"{policy} decode, {mode.upper()} replay of the dead prefill's params"
+            assert took < STALE_BOUND_S, f"{what}: took {took:.1f} s"
+            if policy == "recompute":
+                _check_recomputed(status, body, want, took, what)
+                assert stale[i]["remote_instance_id"] in body["kv_transfer_params"]["kv_error"], body
+            else:  # vLLM's "fail": the request errors; it must never carry tokens from someone else's KV
+                assert status != 200 or body["choices"][0].get("finish_reason") == "error", (what, status, body)
+                print(f"\n{what}: failed after {took:.2f} s (HTTP {status})")
+        # The decode's prefix cache holds no KV of the new process for these prompts.
+        for i, prompt in enumerate(STALE_PROMPTS):
+            status, body = complete(decode, prompt, STALE_MAX_TOKENS)
+            assert status == 200 and body["choices"][0]["token_ids"] == cluster["stale_reference"][i], (policy, i, body)

@@ -49,20 +49,26 @@ class PDCluster:
 
 
 def start_pd(work: Path, model: Path, timeouts: Dict[str, float], reference: bool = False,
-             policies: Sequence[str] = ("recompute",)) -> PDCluster:
+             policies: Sequence[str] = ("recompute",), prefill_engine_id: Optional[str] = None) -> PDCluster:
     """Prefill + one decode per ``kv_load_failure_policy`` in ``policies`` (+ a plain reference server),
     TCP backend, and a proxy per decode and mode.
+
+    ``prefill_engine_id``: a fixed ``kv_transfer_config.engine_id`` for the prefill (kept across
+    :meth:`PDCluster.restart_prefill`); None = vLLM's random one per start.
 
     Raises with the log of a process that does not come up; nothing is left running then.
     """
     ports = free_port_block(2 + len(policies))
     kv_p = free_port_block(2)
 
-    def kv(role: str, base: int, policy: str) -> Dict:
+    def kv(role: str, base: int, policy: str, engine_id: Optional[str] = None) -> Dict:
         extra = {"backend": "tcp", "host_ip": "127.0.0.1", "handshake_port": base, "notify_port": base + 1,
                  **timeouts}
-        return {"kv_connector": "MoriSuiteConnector", "kv_role": role, "kv_load_failure_policy": policy,
-                "kv_connector_extra_config": extra}
+        config = {"kv_connector": "MoriSuiteConnector", "kv_role": role, "kv_load_failure_policy": policy,
+                  "kv_connector_extra_config": extra}
+        if engine_id is not None:
+            config["engine_id"] = engine_id
+        return config
 
     prefill = f"http://127.0.0.1:{ports}"
     ref_url = f"http://127.0.0.1:{ports + 1}"
@@ -71,7 +77,7 @@ def start_pd(work: Path, model: Path, timeouts: Dict[str, float], reference: boo
     try:
         if reference:
             procs["reference"] = Managed("reference", vllm_argv(model, ports + 1, None), work, CPU_ENV)
-        procs["prefill"] = Managed("prefill", vllm_argv(model, ports, kv("kv_producer", kv_p, "recompute")), work,
+        procs["prefill"] = Managed("prefill", vllm_argv(model, ports, kv("kv_producer", kv_p, "recompute", prefill_engine_id)), work,
                                    CPU_ENV)
         for i, policy in enumerate(policies):
             argv = vllm_argv(model, ports + 2 + i, kv("kv_consumer", free_port_block(2), policy))

@@ -144,6 +144,23 @@ bool Socket::RecvAll(void* data, size_t n, int64_t timeoutMs, std::string* err, 
   return true;
 }
 
+ssize_t Socket::RecvSome(void* data, size_t n, int64_t timeoutMs, std::string* err, const std::atomic<bool>* stop) {
+  while (true) {
+    ssize_t r = ::recv(fd_, data, n, MSG_DONTWAIT);
+    if (r > 0) return r;
+    if (r == 0) {
+      if (err) *err = "connection closed by peer";
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      if (err) *err = ErrnoText("recv");
+      return -1;
+    }
+    if (!WaitFor(POLLIN, timeoutMs, err, stop)) return -1;
+  }
+}
+
 void Socket::SetLowWater(size_t missing) {
   // Wake the waiting thread once (most of) the missing bytes are there
   // instead of once per arriving segment; capped well below the receive
@@ -285,7 +302,7 @@ int ListenTcp(const std::string& host, uint16_t port, uint16_t* boundPort) {
   }
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
+  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     std::string e = ErrnoText("bind/listen");
     ::close(fd);
     ::freeaddrinfo(res);

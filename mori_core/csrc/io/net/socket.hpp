@@ -5,6 +5,7 @@
 // hanging the thread. All failures return false with a readable reason.
 #pragma once
 
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <atomic>
@@ -42,6 +43,10 @@ class Socket {
   bool RecvAll(void* data, size_t n, int64_t timeoutMs, std::string* err,
                const std::atomic<bool>* stop = nullptr);
   bool RecvV(const struct iovec* iov, size_t count, int64_t timeoutMs, std::string* err);
+  // Receives at least one and at most n bytes, waiting up to timeoutMs for
+  // the first; returns the count, or -1 with *err.
+  ssize_t RecvSome(void* data, size_t n, int64_t timeoutMs, std::string* err,
+                   const std::atomic<bool>* stop = nullptr);
   // Reads and discards n bytes (keeps a stream in sync after a refused frame).
   bool Discard(uint64_t n, int64_t timeoutMs, std::string* err);
 

@@ -2,7 +2,6 @@
 // connection until it closes, the engine stops or the backend is removed.
 #pragma once
 
-#include <atomic>
 #include <memory>
 
 #include "io/net/control_plane.hpp"
@@ -11,8 +10,10 @@ namespace mori::io::rdma {
 
 class RdmaCore;
 
-// The QP groups created for this connection live exactly as long as it does.
-void ServeControlChannel(const std::shared_ptr<RdmaCore>& core, net::Socket& sock, const net::PeerHello& peer,
-                         const std::atomic<bool>& stopping);
+// The session of one peer's control connection. The QP groups created for it
+// live exactly as long as the connection (idle peers keep theirs); it ends
+// when the backend is removed.
+std::unique_ptr<net::ChannelSession> NewControlSession(const std::shared_ptr<RdmaCore>& core, net::Socket& sock,
+                                                       const net::PeerHello& peer);
 
 }  // namespace mori::io::rdma

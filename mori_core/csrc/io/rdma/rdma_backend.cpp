@@ -81,9 +81,7 @@ RdmaBackend::RdmaBackend(EngineContext& ctx, const RdmaBackendConfig& config) : 
   net::Listener& l = ctx_.EnsureListener();
   std::shared_ptr<RdmaCore> core = core_;
   l.SetHandler(net::Channel::RdmaControl,
-               [core](net::Socket& s, const net::PeerHello& p, const std::atomic<bool>& stop) {
-                 ServeControlChannel(core, s, p, stop);
-               });
+               [core](net::Socket& s, const net::PeerHello& p) { return NewControlSession(core, s, p); });
   MORI_INFO("RDMA backend ready on engine '" << ctx_.key << "' (" << core_->nics().size() << " port(s), "
                                              << core_->settings.config.qpPerTransfer << " QP(s) per transfer)");
 }

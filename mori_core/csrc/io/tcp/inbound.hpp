@@ -1,7 +1,7 @@
 // Target side of the TCP data channel: serves one authenticated connection.
 #pragma once
 
-#include <atomic>
+#include <memory>
 
 #include "io/common.hpp"
 #include "io/engine_context.hpp"
@@ -9,10 +9,11 @@
 
 namespace mori::io::tcp {
 
-// Reads requests until the peer closes, the stream turns malformed (logged,
-// connection dropped) or the engine stops. Every range is checked against
-// the registered region before a byte is read or written.
-void ServeDataChannel(EngineContext& ctx, const TcpBackendConfig& cfg, net::Socket& sock, const net::PeerHello& peer,
-                      const std::atomic<bool>& stopping);
+// The session of one authenticated data-channel connection: each request is
+// checked (header tag, request id, every range against the registered region)
+// before a byte is read or written; a malformed one is logged and ends the
+// connection.
+std::unique_ptr<net::ChannelSession> NewDataChannelSession(EngineContext& ctx, const TcpBackendConfig& cfg,
+                                                           net::Socket& sock, const net::PeerHello& peer);
 
 }  // namespace mori::io::tcp

@@ -64,8 +64,8 @@ TcpBackend::TcpBackend(EngineContext& ctx, const TcpBackendConfig& config) : ctx
   // config, so inbound connections outlive a removed backend safely.
   EngineContext* c = &ctx_;
   TcpBackendConfig cfg = config_;
-  l.SetHandler(net::Channel::TcpData, [c, cfg](net::Socket& s, const net::PeerHello& p, const std::atomic<bool>& stop) {
-    ServeDataChannel(*c, cfg, s, p, stop);
+  l.SetHandler(net::Channel::TcpData, [c, cfg](net::Socket& s, const net::PeerHello& p) {
+    return NewDataChannelSession(*c, cfg, s, p);
   });
   MORI_INFO("TCP backend ready on engine '" << ctx_.key << "' port " << l.port() << " (" << config_.numConnections
                                             << " sockets per peer)");

@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from mori_core.bench.ep.measure import bench_like_deepep
+from mori_core.bench.ep.measure import bench_like_deepep, progress
 
 DEFAULT_SMS = "24,48,96,132"
 DEFAULT_DISPATCH_CHUNKS = "4,6,8,12,16,24,32"
@@ -120,8 +120,7 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
     """The DeepEP rows of one token count (collective: every rank runs the same calls).
 
     ``data``: ``idx`` (int32 routing), ``w``, ``x`` (bf16), ``x8``/``s8`` (FP8 tokens and scales,
-    or None), ``y`` (our expert outputs of our BF16 dispatch, in our row order), ``out_w`` (our
-    received weights), ``recv`` (rows received)."""
+    or None). Our combines take their expert outputs from a dispatch of their own (see ``ours``)."""
     import torch
 
     cfg = op.config
@@ -137,34 +136,48 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
 
     def ours(name: str, blocks: int = -1) -> Callable[[], Any]:
         """Our call ``name`` (blocks > 0: every kernel on that many blocks, SM for SM). Combines
-        first re-run the BF16 dispatch whose routing state they use."""
+        first re-run the BF16 dispatch whose routing state they use, and take their expert
+        outputs (rows x (rank + 1)) from that dispatch: the receive order of a dispatch is not
+        fixed (slots are reserved by atomics as the ranks' blocks arrive), so the rows of an
+        earlier dispatch would sit in other slots and the combine would sum other tokens' rows."""
         w, idx = data["w"], data["idx"]
         if name == "dispatch bf16":
             return lambda: op.dispatch(data["x"], w, None, idx, block_num=blocks)
         if name == "dispatch fp8":
             return lambda: op.dispatch(x8, w, s8, idx, block_num=blocks)
-        op.dispatch(data["x"], w, None, idx)
-        reg[: data["recv"]].copy_(data["y"][: data["recv"]])
+        out, out_w, _, _, total = op.dispatch(data["x"], w, None, idx)
+        torch.cuda.synchronize()
+        recv = int(total[0])
+        y = (out[:max(recv, 1)].to(torch.float32) * (rank + 1)).to(torch.bfloat16)
+        out_w = out_w[:max(recv, 1)].clone()  # a peer's next dispatch may overwrite the op's copy
+        reg[:recv].copy_(y[:recv])
         push = {"combine (default call)": -1, "combine push": 1, "combine pull": 0}[name]
-        inp = reg if push == 0 else data["y"]
-        return lambda: op.combine(inp, data["out_w"], idx, block_num=blocks, use_external_inp_buf=push)
+        inp = reg if push == 0 else y
+        return lambda: op.combine(inp, out_w, idx, block_num=blocks, use_external_inp_buf=push)
 
     dispatch_kinds = ["dispatch bf16"] + (["dispatch fp8"] if x8 is not None else [])
-    for name in dispatch_kinds + ["combine (default call)", "combine push", "combine pull"]:
+    combine_kinds = ["combine (default call)", "combine push", "combine pull"]
+    for name in dispatch_kinds + combine_kinds:
         rows.append(timed(ours(name), full, lib="ours", kernel=name, sms=0))
-    fn = ours("combine (default call)")
-    ours_out = fn()[0][:n].clone()
+    # Our combined rows of each call, for the check against DeepEP's below (a fresh dispatch each;
+    # every rank finishes its combine before any rank's next dispatch writes into its buffers).
+    ours_out = {}
+    for name in combine_kinds:
+        fn = ours(name)
+        ours_out[name] = fn()[0][:n].clone()
+        sync()
     # ---- DeepEP: per SM count, a first dispatch for the handle, then the chunk sweeps (quick)
     best: dict[tuple[str, int], tuple[float, int]] = {}
     state: dict[int, tuple] = {}
     y_dp = None
     for sms in dp.sms:
+        progress(rank, f"{n} tokens: DeepEP at {sms} SMs (chunk sweep)")
         recv_x, recv_w, handle, layout = dp.first_dispatch(data["x"], idx64, data["w"],
                                                            cfg.num_experts_per_rank * world, sms)
         state[sms] = (handle, recv_w, layout)
         if y_dp is None:  # the same rows as ours (checked here), so the same expert: x (rank + 1)
             y_dp = (recv_x.to(torch.float32) * (rank + 1)).to(torch.bfloat16)
-            rows += _dispatch_checks(dp, op, data, recv_x, handle, sms, rank, n)
+            rows += _dispatch_checks(dp, op, data, recv_x, handle, sms, rank, n, sync)
         for name in dispatch_kinds:
             xin = data["x"] if name == "dispatch bf16" else (x8, s8)
             for c in dp.dispatch_chunks:
@@ -179,6 +192,7 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
             if ("combine", sms) not in best or t < best[("combine", sms)][0]:
                 best[("combine", sms)] = (t, c)
     # ---- every SM count at its best chunk, in full; ours SM for SM (block_num = SMs)
+    progress(rank, f"{n} tokens: DeepEP best chunks in full, ours SM for SM")
     for name in dispatch_kinds + ["combine"]:
         for sms in dp.sms:
             handle, recv_w, _ = state[sms]
@@ -207,7 +221,8 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
     handle, recv_w, _ = state[sms]
     dp_out = dp.buffer.combine(y_dp, handle, topk_weights=recv_w, config=dp.config(sms, best[("combine", sms)][1]))[0]
     torch.cuda.synchronize()
-    rows.append(_check("combine output (bf16)", n, ours_out, dp_out[:n]))
+    for name in combine_kinds:
+        rows.append(_check(f"combine output (bf16), ours: {name[8:]}", n, ours_out[name], dp_out[:n]))
     op.check_error()
     sync()
     return rows
@@ -226,19 +241,26 @@ def _check(what: str, n: int, ours: Any, theirs: Any) -> dict:
 
 
 def _dispatch_checks(dp: DeepEpNormal, op: Any, data: dict, recv_x: Any, handle: Any, sms: int, rank: int,
-                     n: int) -> list[dict]:
+                     n: int, sync: Callable[[], None]) -> list[dict]:
     """Our dispatched rows and DeepEP's, both ordered by (source rank, source token): BF16, and
-    FP8 with its scales (DeepEP's cached dispatch of the same handle)."""
+    FP8 with its scales (DeepEP's cached dispatch of the same handle).
+
+    Our outputs are views of the op's receive buffers, which the peers' next dispatch writes:
+    they are copied, and every rank has copied them (``sync``), before the next dispatch."""
     import torch
 
     stride = op.max_num_tokens_to_send()
     keys = _deepep_keys(handle, rank, stride)
     out = op.dispatch(data["x"], data["w"], None, data["idx"])[0]
     pos = op.get_dispatch_src_token_pos().to(torch.int64)
-    checks = [_check("dispatch rows (bf16)", n, _sorted_rows(pos, out[: pos.numel()]), _sorted_rows(keys, recv_x))]
+    mine = out[: pos.numel()].clone()
+    sync()
+    checks = [_check("dispatch rows (bf16)", n, _sorted_rows(pos, mine), _sorted_rows(keys, recv_x))]
     if data.get("x8") is not None:
         out8, _, scales8, _, _ = op.dispatch(data["x8"], data["w"], data["s8"], data["idx"])
         pos = op.get_dispatch_src_token_pos().to(torch.int64)
+        out8, scales8 = out8[: pos.numel()].clone(), scales8[: pos.numel()].clone()
+        sync()
         rx8, rs8 = dp.buffer.dispatch((data["x8"], data["s8"]), handle=handle,
                                       config=dp.config(sms, dp.dispatch_chunks[0]))[0]
         checks.append(_check("dispatch rows (fp8)", n, _sorted_rows(pos, out8[: pos.numel()]), _sorted_rows(keys, rx8)))

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from mori_core.bench.ep import deepep_normal, extensions, tune, v2
 from mori_core.bench.ep.measure import (
-    DTYPES, dtype_inputs, host_idle, measure, merge_ranks, nccl_baseline,
+    DTYPES, dtype_inputs, host_idle, measure, merge_ranks, nccl_baseline, progress,
     run_rank, timing_columns_note, token_inputs
 )
 from mori_core.placement import Placement, placement
@@ -137,8 +137,10 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
         num_experts_per_rank=args.experts // world,
         num_experts_per_token=args.topk,
     )
+    progress(rank, "op")
     op = EpDispatchCombineOp(cfg)
     v2_ops = v2.make_ops(cfg, args)  # --v2: EPv2 ops on the same heap
+    progress(rank, "DeepEP buffer" if getattr(args, "deepep", False) else "start")
     dp = _open_deepep(args, world, op)
 
     calls = {"0": ["default", "push"], "1": ["default", "pull"], "both": ["default", "push", "pull"]}[args.zero_copy]
@@ -148,6 +150,7 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
         idx, x_bf16, w = token_inputs(n, args, gen, dev)
         inputs = {"idx": idx, "x": x_bf16, "w": w}
         for dname in dtypes:
+            progress(rank, f"{n} tokens: dispatch {dname}")
             x, scales = dtype_inputs(x_bf16, dname, cfg.scale_dim, dev)
             if dname == "fp8":
                 inputs.update(x8=x, s8=scales)
@@ -166,6 +169,7 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
                     bytes=recv * args.hidden * x.element_size(), blocks=p.block_num, warps=p.warp_per_block, mode="-",
                 ))
         # combine (bf16), after a bf16 dispatch so the routing state matches; experts: rows x (rank + 1)
+        progress(rank, f"{n} tokens: combine")
         out, out_w, _, _, total = op.dispatch(x_bf16, w, None, idx)
         torch.cuda.synchronize()
         recv = int(total[0])
@@ -190,10 +194,13 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
         op.check_error()
         if n == tokens[0]:
             rows.extend(_host_breakdown(op, x_bf16, w, idx, args, dev))
+        progress(rank, f"{n} tokens: FP8 combine / standard MoE")
         rows.extend(extensions.extension_rows(op, cfg, args, n, x_bf16, w, idx, measure, sync))
         rows.extend(v2.rows(v2_ops, args, n, x_bf16, w, idx, measure, sync))
         if dp is not None:
+            progress(rank, f"{n} tokens: DeepEP")
             rows.extend(deepep_normal.compare(dp, op, n, inputs, args, sync))
+        progress(rank, f"{n} tokens: tune" if args.tune else f"{n} tokens: NCCL")
         rows.extend(tune.rows(op, cfg, args, n, inputs, sync))
         if not args.no_nccl:
             rows.extend(nccl_baseline(idx, n, x_bf16, cfg, args, sync, dev))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import socket
 import statistics
 import time
@@ -23,6 +24,19 @@ from mori_core.placement import Placement, init_rank_process_group, placement
 DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "fp32": "float32"}
 DEFAULT_HEAP_SIZE = "4G"  # mori_core.shmem's default MORI_SHMEM_HEAP_SIZE
 RankMain = Callable[[int, int, int, argparse.Namespace, Any], None]
+ERROR_GRACE_S = 10.0  # after one rank fails, how long the others may take to report before they are stopped
+
+
+def progress(rank: int, text: str) -> None:
+    """With ``MORI_BENCH_PROGRESS=1``: a line on stderr when a rank starts a part of the benchmark
+    (so a log shows where a run that crashed or was killed stopped)."""
+    if os.environ.get("MORI_BENCH_PROGRESS", "0") == "1":
+        import sys
+
+        print(f"[rank {rank} +{time.monotonic() - _T0:.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+_T0 = time.monotonic()
 
 
 # ----------------------------------------------------------------------------- placement
@@ -98,15 +112,28 @@ def spawn_ranks(rank_main: RankMain, world: int, args: argparse.Namespace) -> Op
         p.start()
     per_rank: dict[int, list[dict]] = {}
     errors = []
-    for _ in range(world):
-        rank, rows, err = q.get(timeout=3600)
+    deadline = None  # after a rank's error: the others get ERROR_GRACE_S to report, then are stopped
+    while len(per_rank) < world:
+        wait = 3600.0 if deadline is None else deadline - time.monotonic()
+        try:
+            rank, rows, err = q.get(timeout=max(wait, 0.1))
+        except queue.Empty:
+            missing = sorted(set(range(world)) - set(per_rank))
+            errors.append(f"ranks {missing}: no report {ERROR_GRACE_S} s after another rank failed "
+                          "(waiting in a collective for it); stopped")
+            break
         per_rank[rank] = rows
         if err:
             errors.append(f"rank {rank}:\n{err}")
+            print(f"rank {rank} failed; the other ranks get {ERROR_GRACE_S} s to report", flush=True)
+            deadline = deadline or time.monotonic() + ERROR_GRACE_S
     for p in procs:
-        p.join(timeout=60)
+        p.join(timeout=60 if not errors else 2)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=5)
     if errors:
-        print("\n".join(errors))
+        print("\n".join(errors), flush=True)
         return None
     return per_rank
 
