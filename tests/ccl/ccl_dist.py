@@ -43,11 +43,13 @@ def rank_order_sum(xs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def close_to(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, npes: int) -> bool:
-    """``a`` within rounding of ``b`` (NCCL / gloo round at every step, we once)."""
+    """``a`` within rounding of ``b`` (NCCL / gloo round at every step, we once). Compared on
+    ``a``'s device: a 256 MiB comparison on the CPU takes seconds (the GPU suite's budget)."""
+    b = b.to(a.device)
     if dtype in INT_DTYPES:
-        return torch.equal(a.cpu().view(torch.int32), b.cpu().view(torch.int32))
+        return torch.equal(a.view(torch.int32), b.view(torch.int32))
     tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5}[dtype] * npes
-    return torch.allclose(a.cpu().float(), b.cpu().float(), rtol=tol, atol=tol)
+    return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
 
 
 def init_shmem_rank(rank: int, world: int) -> torch.device:

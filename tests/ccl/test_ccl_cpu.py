@@ -197,7 +197,7 @@ def test_cpu_reference(world: int) -> None:
 
 
 def test_options_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mori_core.ccl.options import CclOptions, parse_bytes
+    from mori_core.ccl.options import NEVER_BYTES, CclOptions, parse_bytes
 
     monkeypatch.setenv("MORI_CCL_ENGINE", "sdma")
     monkeypatch.setenv("MORI_CCL_CE_MIN_BYTES", "2M")
@@ -208,8 +208,14 @@ def test_options_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=r"MORI_CCL_ENGINE='gpu' must be one of"):
         CclOptions.resolve()
     monkeypatch.delenv("MORI_CCL_ENGINE")
-    with pytest.raises(ValueError, match=r"sm_blocks=0 must be in \[1, 128\]"):
-        CclOptions.resolve(sm_blocks=0)
+    with pytest.raises(ValueError, match=r"sm_blocks=129 must be in \[0, 128\]"):
+        CclOptions.resolve(sm_blocks=129)
+    with pytest.raises(ValueError, match=r"ce_split=0 must be in \[1, 8\]"):
+        CclOptions.resolve(ce_split=0)
+    monkeypatch.setenv("MORI_CCL_AR_CE_MIN_BYTES", "off")
+    d = CclOptions.resolve()
+    assert d.ar_ce_min_bytes == parse_bytes("never", "x") == NEVER_BYTES
+    assert (d.blocks_for("allreduce"), d.blocks_for("allgather"), o.blocks_for("allgather")) == (128, 64, 16)
     monkeypatch.setenv("MORI_CCL_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="MORI_CCL_TIMEOUT_S='soon' is not a number of seconds"):
         CclOptions.resolve()

@@ -380,13 +380,15 @@ def _into_tensor(c: Case, rank: int, world: int, dev: torch.device) -> None:
 
 
 def _ce_modes(c: Case, rank: int, world: int, dev: torch.device) -> None:
-    """The copy-engine path's other synchronisation modes: peers signalled by 4-byte copies
-    instead of stream write operations, and unbatched stream memory operations."""
+    """The copy-engine path's other modes: peers signalled by 4-byte copies instead of stream
+    write operations, unbatched stream memory operations, one stream per peer (no split) and
+    uneven splits (3 pieces of >= 256 KiB: the last one shorter)."""
     from mori_core.ccl import AllgatherSdma, AllreduceSdma
     from mori_core.ccl.options import CclOptions
 
     n = (1 << 20) + 1
-    for mode in (dict(ce_signal="copy"), dict(ce_batch=False)):
+    for mode in (dict(ce_signal="copy"), dict(ce_batch=False), dict(ce_split=1),
+                 dict(ce_split=3, ce_piece_min_bytes=256 << 10)):
         opts = CclOptions.resolve(engine="ce", **mode)
         ag = AllgatherSdma(rank, world, input_buffer_size=4 * MIB, options=opts)
         ar = AllreduceSdma(rank, world, input_buffer_size=4 * MIB, output_buffer_size=4 * MIB, dtype=torch.bfloat16,

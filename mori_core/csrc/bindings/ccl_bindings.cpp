@@ -16,7 +16,8 @@ void RegisterCcl(py::module_& m) {
   py::class_<CclHandle>(m, "CclHandle")
       .def(py::init([](int kind, int rank, int npes, uint64_t input_bytes, int red, int engine, uint64_t ce_min_bytes,
                        uint64_t oneshot_max_bytes, uint64_t ar_ce_min_bytes, int sm_blocks, int sm_threads,
-                       int reduce_blocks, double timeout_s, bool ce_batch, bool ce_signal_copy) {
+                       int reduce_blocks, double timeout_s, bool ce_batch, bool ce_signal_copy, int ce_split,
+                       uint64_t ce_piece_min_bytes) {
              Options o;
              o.engine = static_cast<Engine>(engine);
              o.ce_min_bytes = ce_min_bytes;
@@ -28,13 +29,15 @@ void RegisterCcl(py::module_& m) {
              o.timeout_s = timeout_s;
              o.ce_batch = ce_batch;
              o.ce_signal_copy = ce_signal_copy;
+             o.ce_split = ce_split;
+             o.ce_piece_min_bytes = ce_piece_min_bytes;
              py::gil_scoped_release release;
              return new CclHandle(static_cast<Kind>(kind), rank, npes, input_bytes, static_cast<RedType>(red), o);
            }),
            py::arg("kind"), py::arg("rank"), py::arg("npes"), py::arg("input_bytes"), py::arg("red"), py::arg("engine"),
            py::arg("ce_min_bytes"), py::arg("oneshot_max_bytes"), py::arg("ar_ce_min_bytes"), py::arg("sm_blocks"),
            py::arg("sm_threads"), py::arg("reduce_blocks"), py::arg("timeout_s"), py::arg("ce_batch"),
-           py::arg("ce_signal_copy"))
+           py::arg("ce_signal_copy"), py::arg("ce_split") = 2, py::arg("ce_piece_min_bytes") = 1ull << 20)
       .def(
           "run",
           [](CclHandle& h, uintptr_t in, uintptr_t out, uint64_t nbytes, uintptr_t stream) {

@@ -72,6 +72,8 @@ CclHandle::CclHandle(Kind kind, int rank, int npes, uint64_t input_bytes, RedTyp
   if (opt.sm_threads < 64 || opt.sm_threads > 1024 || opt.sm_threads % 32)
     throw InvalidArgument("sm_threads=" + std::to_string(opt.sm_threads) + " must be a multiple of 32 in [64, 1024]");
   if (!(opt.timeout_s > 0)) throw InvalidArgument("timeout_s must be positive");
+  if (opt.ce_split < 1 || opt.ce_split > kMaxCeSplit)
+    throw InvalidArgument("ce_split=" + std::to_string(opt.ce_split) + " must be in [1, " + std::to_string(kMaxCeSplit) + "]");
   if (kind == Kind::kAllReduce && red == RedType::kNone) throw InvalidArgument("an all-reduce needs a dtype");
   device_ = heap.device();
   generation_ = shmem::Generation();
@@ -162,6 +164,15 @@ CclHandle::CclHandle(Kind kind, int rank, int npes, uint64_t input_bytes, RedTyp
         MORI_GPU_CHECK(gpuStreamCreateWithFlags(&streams_[i], gpuStreamNonBlocking));
         MORI_GPU_CHECK(gpuEventCreateWithFlags(&join_ev_[i], gpuEventDisableTiming));
       }
+      const int extra = opt.ce_split - 1;
+      piece_streams_.resize(static_cast<size_t>(npes) * extra, nullptr);
+      piece_join_ev_.resize(piece_streams_.size(), nullptr);
+      piece_fork_ev_.resize(extra > 0 ? npes : 0, nullptr);
+      for (size_t i = 0; i < piece_streams_.size(); ++i) {
+        MORI_GPU_CHECK(gpuStreamCreateWithFlags(&piece_streams_[i], gpuStreamNonBlocking));
+        MORI_GPU_CHECK(gpuEventCreateWithFlags(&piece_join_ev_[i], gpuEventDisableTiming));
+      }
+      for (auto& e : piece_fork_ev_) MORI_GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming));
       MORI_GPU_CHECK(gpuEventCreateWithFlags(&fork_ev_, gpuEventDisableTiming));
       MORI_GPU_CHECK(gpuEventCreateWithFlags(&fork_main_ev_, gpuEventDisableTiming));
       MORI_GPU_CHECK(gpuStreamCreateWithFlags(&diag_stream_, gpuStreamNonBlocking));
@@ -451,6 +462,14 @@ void CclHandle::Close() {
     if (e) (void)gpuEventDestroy(e);
   streams_.clear();
   join_ev_.clear();
+  for (auto& s : piece_streams_)
+    if (s) (void)gpuStreamDestroy(s);
+  for (auto* v : {&piece_join_ev_, &piece_fork_ev_})
+    for (auto& e : *v)
+      if (e) (void)gpuEventDestroy(e);
+  piece_streams_.clear();
+  piece_join_ev_.clear();
+  piece_fork_ev_.clear();
   for (gpuEvent_t* e : {&fork_ev_, &fork_main_ev_, &last_ev_})
     if (*e) {
       (void)gpuEventDestroy(*e);

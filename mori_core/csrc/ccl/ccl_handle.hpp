@@ -94,6 +94,8 @@ class CclHandle : public StuckListener {
   void CeStart(Path path, uintptr_t in, uintptr_t out, uint64_t nbytes, gpuStream_t s);
   void CeFinish(gpuStream_t s);
   void CeCopy(gpuStream_t s, void* dst, const void* src, uint64_t bytes);
+  // A copy to or from peer p on its stream t, split over t and p's piece streams.
+  void CePeerCopy(int p, gpuStream_t t, void* dst, const void* src, uint64_t bytes);
   void CeSignal(gpuStream_t s, const std::vector<std::pair<uint32_t*, uint32_t>>& writes);
   void CeWait(gpuStream_t s, int site, uint32_t* flags, const std::vector<int>& peers);
   int AddSite(const std::string& name, uint32_t* flags, const std::vector<int>& peers);
@@ -130,6 +132,11 @@ class CclHandle : public StuckListener {
   uint32_t* ce_peer(uint32_t* local, int p) const;
   std::vector<gpuStream_t> streams_;  // [0, npes): per-peer streams (own index: own chunk); [npes]: main
   std::vector<gpuEvent_t> join_ev_;   // one per stream
+  // ce_split - 1 extra streams per peer ([p * (ce_split - 1) + j]); forked from and joined back
+  // into streams_[p] around each split copy, so the rest of the protocol sees one stream per peer.
+  std::vector<gpuStream_t> piece_streams_;
+  std::vector<gpuEvent_t> piece_fork_ev_;  // [npes]
+  std::vector<gpuEvent_t> piece_join_ev_;  // like piece_streams_
   gpuEvent_t fork_ev_ = nullptr, fork_main_ev_ = nullptr, last_ev_ = nullptr;
   gpuStream_t last_stream_ = nullptr;
   bool has_last_ = false;

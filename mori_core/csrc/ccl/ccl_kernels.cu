@@ -5,6 +5,12 @@
 // Buffers that peers read or write hold two copies chosen by the epoch's parity: a peer
 // that signalled epoch e has finished epoch e-1, so when this rank starts epoch e+1 nobody
 // still uses the copy of epoch e-1 it overwrites. One barrier per call is then enough.
+//
+// Only what peers read is staged before the barrier; the rank's own chunk (input -> its slot
+// of the output) is copied after the pulls, where its HBM traffic overlaps the other blocks'
+// NVLink pulls instead of lengthening the staging phase every peer waits for (round 1 on
+// 4x H100: staging was ~1/6 of a 256 MiB all-gather / all-to-all). The input must then stay
+// unchanged until the call (or wait_async) completes, as with NCCL.
 #include "ccl/ccl_device.cuh"
 #include "ccl/ccl_kernels.hpp"
 #include "ccl/ccl_reduce_launch.hpp"
@@ -21,11 +27,7 @@ __global__ void AllGatherKernel(SmSync s, SmArgs a, int phase) {
   uint64_t b0, b1;
   BlockRange(a.nbytes / sizeof(V), b0, b1);
   const V* in = reinterpret_cast<const V*>(a.in);
-  if (phase & kPhaseStart) {
-    CopyRange(reinterpret_cast<V*>(a.buf + par), in, b0, b1);
-    V* own = reinterpret_cast<V*>(a.out + s.rank * a.nbytes);
-    if (own != in) CopyRange(own, in, b0, b1);
-  }
+  if (phase & kPhaseStart) CopyRange(reinterpret_cast<V*>(a.buf + par), in, b0, b1);
   const bool ok = Barrier(s, 0, e, phase & kPhaseStart, phase & kPhaseFinish, kSiteStaged);
   if (phase & kPhaseFinish) {
     if (ok) {
@@ -34,6 +36,8 @@ __global__ void AllGatherKernel(SmSync s, SmArgs a, int phase) {
         CopyRange(reinterpret_cast<V*>(a.out + p * a.nbytes), reinterpret_cast<const V*>(a.peer_buf[p] + par), b0, b1);
       }
     }
+    V* own = reinterpret_cast<V*>(a.out + s.rank * a.nbytes);
+    if (own != in) CopyRange(own, in, b0, b1);  // also after a timeout: this rank's part is known
     AdvanceEpoch(s, e);
   }
 }
@@ -45,10 +49,9 @@ __global__ void AllToAllKernel(SmSync s, SmArgs a, int phase) {
   uint64_t b0, b1;
   BlockRange(a.nbytes / sizeof(V), b0, b1);
   if (phase & kPhaseStart) {
-    for (int p = 0; p < s.npes; ++p) {
-      const V* src = reinterpret_cast<const V*>(a.in + p * a.nbytes);
-      V* dst = p == s.rank ? reinterpret_cast<V*>(a.out + p * a.nbytes) : reinterpret_cast<V*>(a.buf + par + p * a.nbytes);
-      CopyRange(dst, src, b0, b1);
+    for (int i = 0; i < s.npes - 1; ++i) {  // the chunks peers pull, in the order they pull them
+      const int p = PeerAt(s, i);
+      CopyRange(reinterpret_cast<V*>(a.buf + par + p * a.nbytes), reinterpret_cast<const V*>(a.in + p * a.nbytes), b0, b1);
     }
   }
   const bool ok = Barrier(s, 0, e, phase & kPhaseStart, phase & kPhaseFinish, kSiteStaged);
@@ -60,6 +63,8 @@ __global__ void AllToAllKernel(SmSync s, SmArgs a, int phase) {
                   reinterpret_cast<const V*>(a.peer_buf[p] + par + s.rank * a.nbytes), b0, b1);
       }
     }
+    CopyRange(reinterpret_cast<V*>(a.out + s.rank * a.nbytes), reinterpret_cast<const V*>(a.in + s.rank * a.nbytes),
+              b0, b1);
     AdvanceEpoch(s, e);
   }
 }

@@ -49,20 +49,30 @@ inline int RedTypeSize(RedType t) {
   }
 }
 
+// A size threshold that is never reached ("off").
+constexpr uint64_t kNeverBytes = 1ull << 62;
+// Most streams (copy engines in flight) per peer of the copy-engine path.
+constexpr int kMaxCeSplit = 8;
+
+// The defaults mirror mori_core.ccl.options (which always passes every field).
 struct Options {
   Engine engine = Engine::kAuto;
   // kAuto, all-gather / all-to-all: copy engines from this many bytes of input per rank.
-  uint64_t ce_min_bytes = 4ull << 20;
+  uint64_t ce_min_bytes = kNeverBytes;
   // kAuto / kSm, all-reduce: one-shot up to this many bytes, two-shot above.
-  uint64_t oneshot_max_bytes = 128ull << 10;
+  uint64_t oneshot_max_bytes = 512ull << 10;
   // kAuto, all-reduce: copy engines from this many bytes.
-  uint64_t ar_ce_min_bytes = 32ull << 20;
-  int sm_blocks = 32;       // grid of the SM collectives (fixed per handle; <= kMaxSmBlocks)
+  uint64_t ar_ce_min_bytes = kNeverBytes;
+  int sm_blocks = 64;       // grid of the SM collectives (fixed per handle; <= kMaxSmBlocks)
   int sm_threads = 512;     // threads per block of every kernel
   int reduce_blocks = 0;    // grid of the copy-engine all-reduce's local reduce (0: 2 per SM)
   double timeout_s = 30.0;  // bound of every wait for a peer
   bool ce_batch = true;     // one batched stream-memory-operation call per group of waits/writes
   bool ce_signal_copy = false;  // signal peers with 4-byte copies instead of stream write operations
+  // Copy engines: each peer's copy is split into up to this many pieces, each on its own stream
+  // (one cudaMemcpyAsync keeps one copy engine busy; pieces keep several busy per peer).
+  int ce_split = 2;
+  uint64_t ce_piece_min_bytes = 1ull << 20;  // no piece smaller than this
 };
 
 // Host-mapped; written once (first failure wins) by a kernel or by the copy-engine watchdog.

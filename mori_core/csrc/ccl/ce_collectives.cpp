@@ -25,6 +25,29 @@ void CclHandle::CeCopy(gpuStream_t s, void* dst, const void* src, uint64_t bytes
   MORI_GPU_CHECK(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, s));
 }
 
+void CclHandle::CePeerCopy(int p, gpuStream_t t, void* dst, const void* src, uint64_t bytes) {
+  const uint64_t min_piece = std::max<uint64_t>(opt_.ce_piece_min_bytes, 1);
+  const uint64_t pieces = std::min<uint64_t>(static_cast<uint64_t>(opt_.ce_split), std::max<uint64_t>(bytes / min_piece, 1));
+  if (pieces <= 1 || dst == src) return CeCopy(t, dst, src, bytes);
+  // Piece 0 stays on t; pieces 1.. run on p's piece streams, forked from t here and joined
+  // back into t (so whatever t enqueues next, e.g. the peer's signal, follows every piece).
+  const uint64_t piece = ((bytes + pieces - 1) / pieces + 255) & ~uint64_t{255};  // 256-byte aligned pieces
+  const int extra = opt_.ce_split - 1;
+  MORI_GPU_CHECK(gpuEventRecord(piece_fork_ev_[p], t));
+  int used = 0;
+  for (uint64_t j = 1; j < pieces && j * piece < bytes; ++j) {
+    const uint64_t off = j * piece;
+    const int i = p * extra + static_cast<int>(j) - 1;
+    gpuStream_t ps = piece_streams_[i];
+    MORI_GPU_CHECK(gpuStreamWaitEvent(ps, piece_fork_ev_[p], 0));
+    CeCopy(ps, static_cast<uint8_t*>(dst) + off, static_cast<const uint8_t*>(src) + off, std::min(piece, bytes - off));
+    MORI_GPU_CHECK(gpuEventRecord(piece_join_ev_[i], ps));
+    ++used;
+  }
+  CeCopy(t, dst, src, std::min(piece, bytes));
+  for (int j = 0; j < used; ++j) MORI_GPU_CHECK(gpuStreamWaitEvent(t, piece_join_ev_[p * extra + j], 0));
+}
+
 void CclHandle::CeSignal(gpuStream_t s, const std::vector<std::pair<uint32_t*, uint32_t>>& writes) {
   if (writes.empty()) return;
   if (opt_.ce_signal_copy) {  // a 4-byte copy from the constant word holding the value
@@ -71,19 +94,21 @@ void CclHandle::CeStart(Path path, uintptr_t in_addr, uintptr_t out_addr, uint64
       std::vector<std::pair<uint32_t*, uint32_t>> w;
       for (int p : others) w.push_back(to_peer(ce_ready_, p));
       CeSignal(main, w);
-      CeCopy(streams_[rank_], out + rank_ * nbytes, in, nbytes);
     } else {
       for (int i = 1; i < npes_; ++i) {  // stage each peer's chunk, then tell that peer at once
         const int p = (rank_ + i) % npes_;
         CeCopy(main, ce_buf_.local + p * nbytes, in + p * nbytes, nbytes);
         CeSignal(main, {to_peer(ce_ready_, p)});
       }
-      CeCopy(streams_[rank_], out + rank_ * nbytes, in + rank_ * nbytes, nbytes);
     }
+    // The own chunk after the staging, which every peer waits for (as in the SM kernels).
+    MORI_GPU_CHECK(gpuEventRecord(fork_main_ev_, main));
+    MORI_GPU_CHECK(gpuStreamWaitEvent(streams_[rank_], fork_main_ev_, 0));
+    CeCopy(streams_[rank_], out + rank_ * nbytes, in + (gather ? 0 : rank_ * nbytes), nbytes);
     for (int p : others) {
       gpuStream_t t = streams_[p];
       CeWait(t, 1 + p, ce_ready_, {p});
-      CeCopy(t, out + p * nbytes, ce_buf_.peer[p] + (gather ? 0 : rank_ * nbytes), nbytes);
+      CePeerCopy(p, t, out + p * nbytes, ce_buf_.peer[p] + (gather ? 0 : rank_ * nbytes), nbytes);
       CeSignal(t, {to_peer(ce_freed_, p)});
     }
     return;
@@ -101,7 +126,7 @@ void CclHandle::CeStart(Path path, uintptr_t in_addr, uintptr_t out_addr, uint64
   for (int p : others) {
     gpuStream_t t = streams_[p];
     MORI_GPU_CHECK(gpuStreamWaitEvent(t, fork_main_ev_, 0));
-    CeCopy(t, ce_buf_.peer[p] + rank_ * ce_slot_bytes_, in + p * shard * esize_, shard_len(p) * esize_);
+    CePeerCopy(p, t, ce_buf_.peer[p] + rank_ * ce_slot_bytes_, in + p * shard * esize_, shard_len(p) * esize_);
     CeSignal(t, {to_peer(ce_ready_, p)});
   }
   for (int p : others) CeWait(main, 1 + p, ce_ready_, {p});
@@ -128,7 +153,7 @@ void CclHandle::CeStart(Path path, uintptr_t in_addr, uintptr_t out_addr, uint64
     gpuStream_t t = streams_[p];
     MORI_GPU_CHECK(gpuStreamWaitEvent(t, fork_main_ev_, 0));
     CeWait(t, 1 + npes_ + p, ce_ready2_, {p});
-    CeCopy(t, out + p * shard * esize_, ce_red_.peer[p], shard_len(p) * esize_);
+    CePeerCopy(p, t, out + p * shard * esize_, ce_red_.peer[p], shard_len(p) * esize_);
     CeSignal(t, {to_peer(ce_freed_, p)});
   }
 }

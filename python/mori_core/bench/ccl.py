@@ -11,9 +11,10 @@ of input per rank):
   small all-reduces;
 * the overlap row: a bf16 GEMM alone, and beside back-to-back 64 MiB all-gathers (ours on copy
   engines, ours on SMs, NCCL): the GEMM's throughput kept;
-* copy-engine ceilings (``--ceilings``): a local copy and peer pulls/pushes with cudaMemcpyAsync;
-* the tuning sweep (``--sweep``): one-shot vs two-shot vs copy engines and SM block counts for the
-  all-reduce, SM vs copy engines for all-gather / all-to-all (what the defaults are picked from).
+* copy-engine ceilings (``--ceilings``): a local copy and peer pulls/pushes with cudaMemcpyAsync,
+  with 1, 2 or 4 copies in flight per peer;
+* the tuning sweep (``--sweep``): the copy engines' streams per peer (``ce_split``), SM grids, and
+  one-shot vs two-shot for small all-reduces inside CUDA graphs.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-bytes", default="64M", help="all-gather input bytes per rank beside the GEMM")
     p.add_argument("--gemm", type=int, default=8192, help="M=N=K of the bf16 GEMM")
     p.add_argument("--ceilings", action="store_true", help="copy-engine ceilings (local copy, peer pulls/pushes)")
-    p.add_argument("--sweep", action="store_true", help="thresholds / block-count sweep for picking defaults")
+    p.add_argument("--sweep", action="store_true", help="ce_split / SM grid / one- vs two-shot sweep")
     p.add_argument("--json", default="", help="write every row to this JSON file")
 
 
@@ -255,8 +256,8 @@ def _measure_rank(rank: int, world: int, dev: Any, sync: Callable[[], None], arg
                 except Exception as e:
                     row.update(error=f"{type(e).__name__}: {str(e)[:120]}")
                     torch.cuda.synchronize()
-                if "us" in row and kind == "allreduce" and nbytes <= MIB and name in ("ours auto", "nccl",
-                                                                                      "torch symm 1-shot"):
+                if "us" in row and kind == "allreduce" and nbytes <= MIB and name in (
+                        "ours auto", "nccl", "torch symm 1-shot", "torch symm 2-shot"):
                     try:
                         row["graph_us"] = _graph(fn)
                     except Exception as e:
@@ -327,10 +328,11 @@ def _overlap(rank: int, world: int, dev: Any, args: argparse.Namespace) -> list[
     from mori_core.ccl.options import CclOptions
 
     comms: list[tuple[str, Callable[[], Any], Any]] = []
-    for engine in ("ce", "sm"):
+    for label, opts in (("ce", dict(engine="ce")), ("ce split=1", dict(engine="ce", ce_split=1)),
+                        ("sm", dict(engine="sm"))):
         op = AllgatherSdma(rank, world, input_buffer_size=nbytes, output_buffer_size=nbytes * world,
-                           options=CclOptions.resolve(engine=engine))
-        comms.append((f"+ ours {engine} all-gather", lambda op=op: op(x, out, x.numel(), comm_s), op))
+                           options=CclOptions.resolve(**opts))
+        comms.append((f"+ ours {label} all-gather", lambda op=op: op(x, out, x.numel(), comm_s), op))
     if not args.no_baselines:
         comms.append(("+ nccl all-gather", lambda: dist.all_gather_into_tensor(out, x), None))
     for name, fn, op in comms:
@@ -350,8 +352,10 @@ def _overlap(rank: int, world: int, dev: Any, args: argparse.Namespace) -> list[
 
 
 def _ceilings(rank: int, world: int, dev: Any) -> list[dict]:
-    """What cudaMemcpyAsync moves here: a local copy, one peer pull, all peers pulled at once,
-    all peers pushed at once (64 MiB each), on the symmetric heap."""
+    """What cudaMemcpyAsync moves here (64 MiB per peer, on the symmetric heap, every rank at
+    once): a local copy; a pairwise pull (rank r from r^1: one link each way, no rank serves two);
+    all peers pulled at once with 1, 2 and 4 streams (copies in flight) per peer; all peers
+    pushed at once."""
     import torch
 
     import mori_core.shmem as shmem
@@ -366,27 +370,38 @@ def _ceilings(rank: int, world: int, dev: Any) -> list[dict]:
     peers = [p for p in range(world) if p != rank]
     peer_src = {p: byte_view(shmem.shmem_ptr_p2p(src_ptr, rank, p), nbytes, dev) for p in peers}
     peer_dst = {p: byte_view(shmem.shmem_ptr_p2p(dst_ptr, rank, p) + rank * nbytes, nbytes, dev) for p in peers}
-    streams = {p: torch.cuda.Stream(dev) for p in peers}
+    streams = [torch.cuda.Stream(dev) for _ in range(4 * len(peers))]
     local = byte_view(dst_ptr + rank * nbytes, nbytes, dev)
     shmem.shmem_barrier_all()
 
-    def fan(pairs: list[tuple[Any, Any, Any]]) -> Callable[[], None]:
+    def fan(pairs: list[tuple[Any, Any]], split: int = 1) -> Callable[[], None]:
+        """Each (dst, src) copy split into ``split`` pieces, every piece on its own stream."""
+        jobs = []
+        for d, sr in pairs:
+            step = sr.numel() // split
+            jobs += [(d[k * step : (k + 1) * step], sr[k * step : (k + 1) * step]) for k in range(split)]
+
         def go() -> None:
             cur = torch.cuda.current_stream(dev)
-            for s, d, sr in pairs:
+            for s, (d, sr) in zip(streams, jobs):
                 s.wait_stream(cur)
                 with torch.cuda.stream(s):
                     d.copy_(sr)
-            for s, _, _ in pairs:
+            for s in streams[: len(jobs)]:
                 cur.wait_stream(s)
         return go
 
+    pulls = [(dst[p * nbytes : (p + 1) * nbytes], peer_src[p]) for p in peers]
+    n = len(peers)
+    pair = rank ^ 1 if rank ^ 1 < world else peers[0]  # an odd world's last rank shares a peer
     tests = [
         ("local copy", lambda: local.copy_(src), nbytes),
-        ("1 peer pull", lambda: dst[: nbytes].copy_(peer_src[peers[0]]), nbytes),
-        (f"{len(peers)} peer pulls at once", fan([(streams[p], dst[p * nbytes : (p + 1) * nbytes], peer_src[p])
-                                                  for p in peers]), nbytes * len(peers)),
-        (f"{len(peers)} peer pushes at once", fan([(streams[p], peer_dst[p], src) for p in peers]), nbytes * len(peers)),
+        ("pairwise pull (r from r^1)", lambda: dst[: nbytes].copy_(peer_src[pair]), nbytes),
+        (f"{n} peer pulls at once, 1 stream each", fan(pulls), nbytes * n),
+        (f"{n} peer pulls at once, 2 streams each", fan(pulls, 2), nbytes * n),
+        (f"{n} peer pulls at once, 4 streams each", fan(pulls, 4), nbytes * n),
+        (f"{n} peer pushes at once, 1 stream each", fan([(peer_dst[p], src) for p in peers]), nbytes * n),
+        (f"{n} peer pushes at once, 2 streams each", fan([(peer_dst[p], src) for p in peers], 2), nbytes * n),
     ]
     rows = []
     for name, fn, moved in tests:
@@ -399,36 +414,40 @@ def _ceilings(rank: int, world: int, dev: Any) -> list[dict]:
 
 
 def _sweep(rank: int, world: int, dev: Any, dtype: Any, esize: int, args: argparse.Namespace) -> list[dict]:
-    """All-reduce: one-shot / two-shot / copy engines per size and SM block count; all-gather and
-    all-to-all: SM (two block counts) vs copy engines, and the copy engines' sync options."""
+    """What is left to pick after the first GPU run: the copy engines' streams per peer
+    (``ce_split``) for all-gather / all-to-all / all-reduce, and one-shot vs two-shot for small
+    all-reduces inside CUDA graphs (no host time in the way), next to the SM path's grid."""
     import torch
 
     rows = []
-    big = 64 * MIB
+    big = 256 * MIB
     x = torch.randn(big // esize, device=dev).to(dtype)
     out = torch.empty(big // esize * world, dtype=dtype, device=dev)
+    ce = [(f"ce split={k}", dict(engine="ce", ce_split=k), (0,)) for k in (1, 2, 4)]
     variants = {
-        "allreduce": [("1-shot", dict(engine="sm", oneshot_max_bytes=big), (16, 32, 64)),
-                      ("2-shot", dict(engine="sm", oneshot_max_bytes=0), (16, 32, 64, 128)),
-                      ("ce", dict(engine="ce"), (0,))],
-        "allgather": [("sm", dict(engine="sm"), (32, 64, 128)), ("ce", dict(engine="ce"), (0,)),
-                      ("ce copy-signal", dict(engine="ce", ce_signal="copy"), (0,)),
-                      ("ce unbatched", dict(engine="ce", ce_batch=False), (0,))],
-        "all2all": [("sm", dict(engine="sm"), (32, 64, 128)), ("ce", dict(engine="ce"), (0,))],
+        "allreduce": [("1-shot", dict(engine="sm", oneshot_max_bytes=MIB), (64,)),
+                      ("2-shot", dict(engine="sm", oneshot_max_bytes=0), (64, 128))] + ce,
+        "allgather": [("sm", dict(engine="sm"), (64, 128))] + ce,
+        "all2all": [("sm", dict(engine="sm"), (64, 128))] + ce,
     }
-    sizes = {"allreduce": [8 << 10, 32 << 10, 128 << 10, 512 << 10, 2 * MIB, 8 * MIB, 32 * MIB, 64 * MIB],
-             "allgather": [256 << 10, MIB, 4 * MIB, 16 * MIB, 64 * MIB],
-             "all2all": [256 << 10, MIB, 4 * MIB, 16 * MIB, 64 * MIB]}
+    sizes = {"allreduce": [64 << 10, 256 << 10, 512 << 10, MIB, 16 * MIB, 64 * MIB],
+             "allgather": [4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB],
+             "all2all": [4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]}
     for kind, vs in variants.items():
         for label, opts, blocks in vs:
             for nb in blocks:
                 o = dict(opts, sm_blocks=nb) if nb else dict(opts)
                 op = _ours(kind, rank, world, big, dtype, **o)
                 for nbytes in sizes[kind]:
-                    if label.startswith("ce") and kind == "allgather" and label != "ce" and nbytes not in (MIB, 16 * MIB):
+                    if kind == "allreduce" and (label == "1-shot" and nbytes > MIB or
+                                                label.startswith("ce") and nbytes < 16 * MIB):
                         continue
-                    us, host = _eager(_call(kind, op, x, out, nbytes, esize, world), 10 if nbytes <= 8 * MIB else 5, 2)
-                    rows.append(dict(table="sweep", kind=kind, impl=label, blocks=nb, bytes=nbytes, us=us, host_us=host))
+                    fn = _call(kind, op, x, out, nbytes, esize, world)
+                    us, host = _eager(fn, 10 if nbytes <= 8 * MIB else 5, 2)
+                    row = dict(table="sweep", kind=kind, impl=label, blocks=nb, bytes=nbytes, us=us, host_us=host)
+                    if kind == "allreduce" and nbytes <= MIB:
+                        row["graph_us"] = _graph(fn)
+                    rows.append(row)
                 op.check_error()
                 op.close()
     return rows
@@ -497,6 +516,17 @@ def _print(rows: list[dict], world: int, args: argparse.Namespace, gpu: str) -> 
         print_table(f"{kind}: best of ours vs NCCL ({hw})",
                     ["per rank", "NCCL us", "torch symm us", "ours us (engine/path)", "ours bus GB/s", "NCCL bus GB/s",
                      "ours/NCCL time"], summary)
+        graphed = [r for r in lat if r.get("graph_us")]
+        if graphed:
+            gt = []
+            for nbytes in sorted({r["bytes"] for r in graphed}):
+                g = {r["impl"]: r["graph_us"] for r in graphed if r["bytes"] == nbytes}
+                symm = [v for k, v in g.items() if k.startswith("torch symm")]
+                ours = g.get("ours auto")
+                gt.append([fmt_bytes(nbytes), g.get("nccl", ""), min(symm) if symm else "", ours or "",
+                           (ours / min(symm)) if ours and symm else ""])
+            print_table(f"{kind}: inside CUDA graphs, us per call (10 calls per graph; {hw})",
+                        ["per rank", "NCCL us", "torch symm us (best)", "ours auto us", "ours/torch symm"], gt)
     ov = [r for r in rows if r["table"] == "overlap"]
     if ov:
         print_table(f"overlap: bf16 GEMM {args.gemm}^3 beside back-to-back all-gathers of {fmt_bytes(args.overlap_nbytes)} "
@@ -527,5 +557,15 @@ def _print(rows: list[dict], world: int, args: argparse.Namespace, gpu: str) -> 
         for impl, nb in variants:
             by = {r["bytes"]: r["us"] for r in k if r["impl"] == impl and r["blocks"] == nb}
             table.append([impl, nb or "-"] + [by.get(s, "") for s in sizes])
-        print_table(f"sweep {kind}: us per call (slowest rank's median)", ["variant", "blocks"] +
+        print_table(f"sweep {kind}: us per call (slowest rank's median, eager)", ["variant", "blocks"] +
                     [fmt_bytes(s) for s in sizes], table)
+        graph = [r for r in k if r.get("graph_us")]
+        if graph:
+            gsizes = sorted({r["bytes"] for r in graph})
+            gtable = []
+            for impl, nb in variants:
+                by = {r["bytes"]: r["graph_us"] for r in graph if r["impl"] == impl and r["blocks"] == nb}
+                if by:
+                    gtable.append([impl, nb or "-"] + [by.get(s, "") for s in gsizes])
+            print_table(f"sweep {kind}: us per call inside a CUDA graph (10 calls per graph, slowest rank)",
+                        ["variant", "blocks"] + [fmt_bytes(s) for s in gsizes], gtable)

@@ -7,12 +7,16 @@ keyword                        environment variable         meaning (default)
 ``engine``                     ``MORI_CCL_ENGINE``          ``auto`` (by size), ``ce`` (copy
                                                             engines; ``sdma``/``copy`` accepted),
                                                             ``sm`` (kernels)
-``ce_min_bytes``               ``MORI_CCL_CE_MIN_BYTES``    all-gather / all-to-all: copy engines
-                                                            from this input size per rank (4M)
-``oneshot_max_bytes``          ``MORI_CCL_ONESHOT_MAX_BYTES`` all-reduce: one-shot up to (128K)
-``ar_ce_min_bytes``            ``MORI_CCL_AR_CE_MIN_BYTES`` all-reduce: copy engines from (32M);
-                                                            two-shot kernels in between
-``sm_blocks``                  ``MORI_CCL_SM_BLOCKS``       most blocks of an SM collective (32)
+``ce_min_bytes``               ``MORI_CCL_CE_MIN_BYTES``    all-gather / all-to-all under auto:
+                                                            copy engines from this input size per
+                                                            rank (off: the SM path was faster at
+                                                            every size of the first GPU run)
+``oneshot_max_bytes``          ``MORI_CCL_ONESHOT_MAX_BYTES`` all-reduce: one-shot up to (512K)
+``ar_ce_min_bytes``            ``MORI_CCL_AR_CE_MIN_BYTES`` all-reduce under auto: copy engines
+                                                            from (off, same reason); two-shot
+                                                            kernels above ``oneshot_max_bytes``
+``sm_blocks``                  ``MORI_CCL_SM_BLOCKS``       most blocks of an SM collective (0:
+                                                            by collective, see ``SM_BLOCKS``)
 ``sm_threads``                 ``MORI_CCL_SM_THREADS``      threads per block (512)
 ``reduce_blocks``              ``MORI_CCL_REDUCE_BLOCKS``   copy-engine all-reduce's local reduce
                                                             grid (0: 2 per SM)
@@ -21,9 +25,12 @@ keyword                        environment variable         meaning (default)
 ``ce_signal``                  ``MORI_CCL_CE_SIGNAL``       how the copy-engine path signals a
                                                             peer: ``memop`` (stream write
                                                             operation) or ``copy`` (4-byte copy)
+``ce_split``                   ``MORI_CCL_CE_SPLIT``        copy engines: streams (copies in
+                                                            flight) per peer, 1..8 (2)
+``ce_piece_min_bytes``         ``MORI_CCL_CE_PIECE_MIN_BYTES`` no split piece below this (1M)
 =============================  ===========================  =====================================
 
-Sizes accept ``4096``, ``512K``, ``4M``, ``1G``.
+Sizes accept ``4096``, ``512K``, ``4M``, ``1G``, and ``off`` (never) for the thresholds.
 """
 
 from __future__ import annotations
@@ -34,6 +41,11 @@ from typing import Optional
 
 ENGINES = {"auto": 0, "ce": 1, "sdma": 1, "copy": 1, "sm": 2}
 ENGINE_ENV = "MORI_CCL_ENGINE"
+NEVER_BYTES = 1 << 62  # a threshold that is never reached ("off"; the native kNeverBytes)
+# sm_blocks=0: the grid by collective, from the first GPU run's sweep (4x H100: all-gather was
+# fastest with 64 blocks, all-to-all and the two-shot all-reduce with 128; small calls use
+# fewer, one block per sm_threads 16-byte units).
+SM_BLOCKS = {"allgather": 64, "all2all": 128, "allreduce": 128}
 
 _ENV = {
     "engine": ENGINE_ENV,
@@ -46,15 +58,20 @@ _ENV = {
     "timeout_s": "MORI_CCL_TIMEOUT_S",
     "ce_batch": "MORI_CCL_CE_BATCH",
     "ce_signal": "MORI_CCL_CE_SIGNAL",
+    "ce_split": "MORI_CCL_CE_SPLIT",
+    "ce_piece_min_bytes": "MORI_CCL_CE_PIECE_MIN_BYTES",
 }
 
 
 def parse_bytes(value: str | int, what: str) -> int:
-    """``4096``, ``512K``, ``4M``, ``1G`` (also ``4MiB``) -> bytes; ValueError naming ``what``."""
+    """``4096``, ``512K``, ``4M``, ``1G`` (also ``4MiB``) -> bytes, ``off``/``never`` ->
+    :data:`NEVER_BYTES`; ValueError naming ``what``."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise ValueError(f"{what}={value} must be >= 0")
-        return value
+        return min(value, NEVER_BYTES)
+    if str(value).strip().lower() in ("off", "never"):
+        return NEVER_BYTES
     text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     try:
@@ -63,7 +80,7 @@ def parse_bytes(value: str | int, what: str) -> int:
         raise ValueError(f"{what}={value!r} is not a size (bytes, or a number with K/M/G)") from None
     if n < 0:
         raise ValueError(f"{what}={value!r} must be >= 0")
-    return n
+    return min(n, NEVER_BYTES)
 
 
 @dataclass(frozen=True)
@@ -71,19 +88,25 @@ class CclOptions:
     """Resolved options of one collective handle (see the module docstring)."""
 
     engine: str = "auto"
-    ce_min_bytes: int = 4 << 20
-    oneshot_max_bytes: int = 128 << 10
-    ar_ce_min_bytes: int = 32 << 20
-    sm_blocks: int = 32
+    ce_min_bytes: int = NEVER_BYTES
+    oneshot_max_bytes: int = 512 << 10
+    ar_ce_min_bytes: int = NEVER_BYTES
+    sm_blocks: int = 0
     sm_threads: int = 512
     reduce_blocks: int = 0
     timeout_s: float = 30.0
     ce_batch: bool = True
     ce_signal: str = "memop"
+    ce_split: int = 2
+    ce_piece_min_bytes: int = 1 << 20
 
     @property
     def engine_code(self) -> int:
         return ENGINES[self.engine]
+
+    def blocks_for(self, kind: str) -> int:
+        """The SM grid of a ``kind`` handle: ``sm_blocks``, or by collective when 0."""
+        return self.sm_blocks or SM_BLOCKS[kind]
 
     @classmethod
     def resolve(cls, **given: Optional[object]) -> "CclOptions":
@@ -106,8 +129,10 @@ class CclOptions:
         return opts
 
     def _check(self) -> None:
-        if not 1 <= self.sm_blocks <= 128:
-            raise ValueError(f"sm_blocks={self.sm_blocks} must be in [1, 128]")
+        if not 0 <= self.sm_blocks <= 128:
+            raise ValueError(f"sm_blocks={self.sm_blocks} must be in [0, 128] (0: by collective)")
+        if not 1 <= self.ce_split <= 8:
+            raise ValueError(f"ce_split={self.ce_split} must be in [1, 8]")
         if not (64 <= self.sm_threads <= 1024 and self.sm_threads % 32 == 0):
             raise ValueError(f"sm_threads={self.sm_threads} must be a multiple of 32 in [64, 1024]")
         if self.reduce_blocks < 0:

@@ -26,9 +26,9 @@ def check_count(count: Any) -> int:
     return count
 
 
-def _span(t: torch.Tensor, elems: int) -> tuple[int, int]:
-    start = t.data_ptr()
-    return start, start + elems * t.element_size()
+def _device_code(device: torch.device) -> int:
+    """What ``Tensor.get_device()`` returns for a tensor on ``device`` (-1: CPU)."""
+    return -1 if device.type == "cpu" else (device.index if device.index is not None else 0)
 
 
 def check_tensors(
@@ -48,19 +48,29 @@ def check_tensors(
     bytes per rank; all-to-all: bytes of one peer's chunk; all-reduce: input bytes).
 
     ``dtype``: the all-reduce handle's dtype (None: any dtype moves as bytes).
-    ``input_limit`` / ``output_limit``: the handle's input_buffer_size / output_buffer_size."""
-    count = check_count(count)
-    for name, t in (("input_data", inp), (out_name, out)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device}; this handle's rank {rank} works on {device}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-    if dtype is not None and inp.dtype != dtype:
-        raise ValueError(f"input_data has dtype {inp.dtype}; this handle was built for dtype={dtype}")
-    if out.dtype != inp.dtype:
-        raise ValueError(f"{out_name} has dtype {out.dtype}, input_data {inp.dtype}; they must match")
+    ``input_limit`` / ``output_limit``: the handle's input_buffer_size / output_buffer_size.
+
+    Runs on every call, so the common case costs a few integer comparisons (the per-call host
+    time is part of the small collectives' latency); the messages are built only on failure."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count must be a non-negative int, got {count!r}")
+    if not isinstance(inp, torch.Tensor) or not isinstance(out, torch.Tensor):
+        name, t = ("input_data", inp) if not isinstance(inp, torch.Tensor) else (out_name, out)
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dev = _device_code(device)
+    if (dev >= 0 and not (inp.is_cuda and out.is_cuda and inp.get_device() == dev and out.get_device() == dev)) or (
+            dev < 0 and not (inp.is_cpu and out.is_cpu)):  # get_device() is -1 for CPU and meta alike
+        name, t = ("input_data", inp) if inp.device != device else (out_name, out)
+        raise ValueError(f"{name} is on {t.device}; this handle's rank {rank} works on {device}")
+    if not inp.is_contiguous():
+        raise ValueError("input_data must be contiguous")
+    if not out.is_contiguous():
+        raise ValueError(f"{out_name} must be contiguous")
+    in_dtype = inp.dtype
+    if dtype is not None and in_dtype != dtype:
+        raise ValueError(f"input_data has dtype {in_dtype}; this handle was built for dtype={dtype}")
+    if out.dtype != in_dtype:
+        raise ValueError(f"{out_name} has dtype {out.dtype}, input_data {in_dtype}; they must match")
     n_in, n_out = element_counts(kind, npes, count)
     if inp.numel() < n_in:
         raise ValueError(f"count={count} needs {n_in} elements of input_data, it has {inp.numel()}")
@@ -82,11 +92,10 @@ def check_tensors(
 
 def _check_overlap(kind: str, rank: int, count: int, inp: torch.Tensor, out: torch.Tensor, n_in: int, n_out: int,
                    out_name: str) -> None:
-    a0, a1 = _span(inp, n_in)
-    b0, b1 = _span(out, n_out)
-    if a1 <= b0 or b1 <= a0:
-        return
     esize = inp.element_size()
+    a0, b0 = inp.data_ptr(), out.data_ptr()
+    if a0 + n_in * esize <= b0 or b0 + n_out * esize <= a0:
+        return
     if kind == "allreduce" and a0 == b0:
         return  # in place
     if kind == "allgather" and a0 == b0 + rank * count * esize:
