@@ -12,9 +12,16 @@ Knobs (environment): ``MORI_TEST_INTERNODE_CONFIGS`` (e.g. ``4x1,8x4``: world x 
 ``MORI_TEST_INTERNODE_PATHS`` (default ``auto,put``), ``MORI_TEST_INTERNODE_TYPES``,
 ``MORI_TEST_INTERNODE_ROUNDS`` (back-to-back rounds, default 200),
 ``MORI_TEST_INTERNODE_CASE_ROUNDS`` (reference-checked rounds per dtype case, 1-3, default 3),
+``MORI_TEST_INTERNODE_GRAPH=0`` (no CUDA-graph replay check; the section sets it at EP8, where two
+ranks share each GPU and the reference op's exchanges run over gloo, through the host),
 ``MORI_TEST_INTERNODE_EXPECT_DIRECT=1`` (assert that ``auto`` found every peer node
-load/store-reachable: true on one NVLink machine). ``MORI_TEST_NET_MODE`` names NVSHMEM's
-transport setting in the printed lines.
+load/store-reachable: true on one NVLink machine), ``MORI_TEST_INTERNODE_PATH_SPLIT`` (configurations,
+e.g. ``4x2,8x1,8x4``, where each kernel type runs on one path only, alternating: type i of the
+j-th split configuration of a world size takes path ``(i + j) % paths``, so each such
+configuration runs every type once and both paths, and 8x1 + 8x4 together run every type on
+every path; for the GPU machine's time budget, where two ranks share each GPU at EP8 and every
+combination costs seconds). ``MORI_TEST_NET_MODE`` names NVSHMEM's transport setting in the
+printed lines.
 
 Oracles as in test_gpu_ep.py: dispatch rows bit-exact against the sources through
 ``get_dispatch_src_token_pos``; combine bit-exact against ReferenceEpDispatchCombineOp (same
@@ -55,12 +62,30 @@ ROUNDS = int(os.environ.get("MORI_TEST_INTERNODE_ROUNDS", "200"))
 CASE_ROUNDS = min(3, max(1, int(os.environ.get("MORI_TEST_INTERNODE_CASE_ROUNDS", "3"))))
 PATHS = tuple(p for p in os.environ.get("MORI_TEST_INTERNODE_PATHS", "auto,put").split(",") if p)
 EXPECT_DIRECT = os.environ.get("MORI_TEST_INTERNODE_EXPECT_DIRECT") == "1"
+GRAPH = os.environ.get("MORI_TEST_INTERNODE_GRAPH", "1") != "0"
+PATH_SPLIT = tuple(c for c in os.environ.get("MORI_TEST_INTERNODE_PATH_SPLIT", "").split(",") if c)
 
 
 def _selected_gpns(world: int) -> list[int]:
     """gpu_per_node values of ``world`` in CONFIGS that MORI_TEST_INTERNODE_CONFIGS selects."""
     want = [c for c in os.environ.get("MORI_TEST_INTERNODE_CONFIGS", "").split(",") if c]
     return [g for w, g in CONFIGS if w == world and (not want or f"{w}x{g}" in want)]
+
+
+def _plan(world: int, gpns: list, paths: tuple, types: tuple, split: tuple) -> list[tuple[int, str, tuple]]:
+    """(gpu_per_node, path, kernel types) in run order: every type on every path, except in the
+    configurations named in ``split`` (``"4x2"``...), where type i of the j-th of them (in
+    ``gpns`` order) runs on ``paths[(i + j) % len(paths)]`` only."""
+    plan = []
+    j = 0
+    for gpn in gpns:
+        cut = f"{world}x{gpn}" in split
+        for p, path in enumerate(paths):
+            sel = tuple(kt for i, kt in enumerate(types) if not cut or (i + j) % len(paths) == p)
+            if sel:
+                plan.append((gpn, path, sel))
+        j += cut
+    return plan
 
 
 def _need(world: int = 2) -> None:
@@ -164,7 +189,7 @@ def _one_type(rank, world, kernel_type, gpn, dev, path):
         op.close()
         dist.barrier()
 
-    if kernel_type in ("InterNodeV1LL", "AsyncLL"):
+    if GRAPH and kernel_type in ("InterNodeV1LL", "AsyncLL"):
         _graph(rank, world, kernel_type, gpn, dev)
     _back_to_back(rank, world, kernel_type, gpn, dev, ROUNDS)
     return _check_paths(paths, world, gpn, path)  # after the rounds: a path mismatch still runs them
@@ -239,9 +264,9 @@ def _graph(rank, world, kernel_type, gpn, dev):
     dist.barrier()
 
 
-def _suite(rank: int, world: int, gpns: list, paths: tuple, types: tuple) -> None:
-    """Every (gpu_per_node, path, kernel type) in turn; failures are collected (each printed with its
-    traceback) so one run shows all of them."""
+def _suite(rank: int, world: int, gpns: list, paths: tuple, types: tuple, split: tuple = ()) -> None:
+    """Every (gpu_per_node, path, kernel type) of :func:`_plan` in turn; failures are collected (each
+    printed with its traceback) so one run shows all of them."""
     import torch.distributed as dist
 
     import mori_core.shmem as shmem
@@ -250,24 +275,24 @@ def _suite(rank: int, world: int, gpns: list, paths: tuple, types: tuple) -> Non
     _init_shmem()
     dev = rank_device(rank, world)
     failures = {}
-    for gpn in gpns:
-        for path in paths:
-            os.environ[PATH_ENV] = path  # read by every op created below, on every rank
-            for kt in types:
-                what = f"{kt} {world}x{gpn} path={path}"
-                t0 = time.monotonic()
-                try:
-                    got = _one_type(rank, world, kt, gpn, dev, path)
-                    status = f"PASS ({got})"
-                except Exception:  # collect and go on: the other types still run
-                    failures[what] = traceback.format_exc()
-                    status = "FAIL " + failures[what].strip().splitlines()[-1][:300]
-                    # Printed here, whole: leaving this block frees the failed op, and its close() is a
-                    # collective that waits for peers still inside this type (the run can then hang).
-                    print(f"INTERNODE rank={rank} type={kt} traceback:\n{failures[what]}", flush=True)
-                print(f"INTERNODE rank={rank} type={kt} gpu_per_node={gpn} world={world} path={path} mode={MODE} "
-                      f"rounds={ROUNDS} {time.monotonic() - t0:.1f}s: {status}", flush=True)
-                dist.barrier()
+    for gpn, path, sel in _plan(world, gpns, paths, types, split):
+        os.environ[PATH_ENV] = path  # read by every op created below, on every rank
+        for kt in sel:
+            what = f"{kt} {world}x{gpn} path={path}"
+            t0 = time.monotonic()
+            try:
+                got = _one_type(rank, world, kt, gpn, dev, path)
+                status = f"PASS ({got})"
+            except Exception:  # collect and go on: the other types still run
+                failures[what] = traceback.format_exc()
+                status = "FAIL " + failures[what].strip().splitlines()[-1][:300]
+                # Printed here, whole: leaving this block frees the failed op, and its close() is a
+                # collective that waits for peers still inside this type (the run can then hang).
+                print(f"INTERNODE rank={rank} type={kt} traceback:\n{failures[what]}", flush=True)
+            print(f"INTERNODE rank={rank} type={kt} gpu_per_node={gpn} world={world} path={path} mode={MODE} "
+                  f"rounds={ROUNDS} graph={'yes' if GRAPH and kt in ('InterNodeV1LL', 'AsyncLL') else 'no'} "
+                  f"{time.monotonic() - t0:.1f}s: {status}", flush=True)
+            dist.barrier()
     os.environ.pop(PATH_ENV, None)
     shmem.shmem_finalize()
     if failures:
@@ -283,7 +308,7 @@ def test_internode_kernel_types(world: int) -> None:
     _need(world)
     types = tuple(t for t in os.environ.get("MORI_TEST_INTERNODE_TYPES", ",".join(TYPES)).split(",") if t)
     run_ranks(_suite, world, backend="nccl", timeout=float(os.environ.get("MORI_TEST_INTERNODE_TIMEOUT", "400")),
-              gpns=gpns, paths=PATHS, types=types, env={"MORI_SHMEM_HEAP_SIZE": "4G"})
+              gpns=gpns, paths=PATHS, types=types, split=PATH_SPLIT, env={"MORI_SHMEM_HEAP_SIZE": "4G"})
 
 
 def _bringup(rank: int, world: int) -> None:

@@ -171,8 +171,8 @@ def test_network_path_switches_are_read_and_checked(monkeypatch: pytest.MonkeyPa
 
 
 def test_bench_pairs_each_row_with_deepeps_of_the_same_shape(capsys: pytest.CaptureFixture) -> None:
-    """The benchmark's side-by-side table puts each of our rows next to the DeepEP low-latency row of
-    the same operation, dtype and token count, and only those."""
+    """The benchmark's side-by-side table puts each of our low-latency rows next to the DeepEP
+    low-latency row of the same operation, dtype and token count, and only those."""
     from mori_core.bench.ep.deepep_ll import ll_tokens
     from mori_core.bench.ep.internode import _print_side_by_side
     from mori_core.bench.table import print_table
@@ -180,12 +180,52 @@ def test_bench_pairs_each_row_with_deepeps_of_the_same_shape(capsys: pytest.Capt
     ours = [dict(kernel="InterNodeV1LL [auto] dispatch", dtype="fp8", tokens=128, eager_us=30.0, host_us=9.0),
             dict(kernel="InterNodeV1LL [put] combine", dtype="bf16", tokens=128, eager_us=90.0, host_us=8.0),
             dict(kernel="InterNode [auto] dispatch", dtype="bf16", tokens=4096, eager_us=500.0, host_us=9.0),
+            dict(kernel="InterNodeV1 [auto] dispatch", dtype="fp8", tokens=128, eager_us=30.0, host_us=9.0),
             dict(kernel="nccl a2a (dispatch)", dtype="bf16", tokens=128, eager_us=80.0, host_us=20.0)]
     deepep = [dict(kernel="DeepEP LL dispatch", dtype="fp8", tokens=128, eager_us=40.0, host_us=30.0, kernel_us=35.0),
               dict(kernel="DeepEP LL combine", dtype="bf16", tokens=128, eager_us=60.0, host_us=25.0, kernel_us=None)]
     _print_side_by_side(ours, deepep, print_table)
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and "ours eager" not in ln]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and "ours us" not in ln]
     assert len(lines) == 2
     assert "InterNodeV1LL [auto] dispatch" in lines[0] and "0.75" in lines[0] and "35.0" in lines[0]
     assert "InterNodeV1LL [put] combine" in lines[1] and "1.50" in lines[1]
     assert ll_tokens("128,512,4096") == [128, 512]
+
+
+def test_gpu_test_plan_covers_every_type_on_every_path() -> None:
+    """The GPU test's plan (test_gpu_internode._plan): a split configuration runs every type once
+    and both paths; 8x1 + 8x4 split together run every (type, path); unsplit ones run all pairs."""
+    from test_gpu_internode import TYPES, _plan
+
+    paths = ("auto", "put")
+    full = _plan(4, [1, 2], paths, TYPES, ("4x2",))
+    assert {(p, kt) for g, p, sel in full if g == 1 for kt in sel} == {(p, kt) for p in paths for kt in TYPES}
+    four_two = [(p, kt) for g, p, sel in full if g == 2 for kt in sel]
+    assert sorted(kt for _, kt in four_two) == sorted(TYPES) and {p for p, _ in four_two} == set(paths)
+    eight = _plan(8, [1, 4], paths, TYPES, ("8x1", "8x4"))
+    pairs = [(p, kt) for _, p, sel in eight for kt in sel]
+    assert sorted(pairs) == sorted((p, kt) for p in paths for kt in TYPES)
+    assert all({p for g2, p, _ in eight if g2 == g} == set(paths) for g in (1, 4))
+
+
+def test_bench_token_counts_per_kind_and_the_intranode_ratio(capsys: pytest.CaptureFixture) -> None:
+    """--ll-tokens limits the low-latency types (and must be a subset of --tokens); the throughput
+    table puts InterNode/InterNodeV1 next to IntraNode of the same shape: ratio = IntraNode us / ours."""
+    import argparse
+
+    from mori_core.bench.ep.internode import _print_vs_intranode, kind_tokens
+    from mori_core.bench.table import print_table
+
+    args = argparse.Namespace(tokens="128,512,4096", ll_tokens="128,512")
+    assert kind_tokens("AsyncLL", args) == [128, 512] and kind_tokens("InterNodeV1LL", args) == [128, 512]
+    assert kind_tokens("InterNode", args) == [128, 512, 4096] and kind_tokens("IntraNode", args) == [128, 512, 4096]
+    assert kind_tokens("AsyncLL", argparse.Namespace(tokens="128", ll_tokens="")) == [128]
+    with pytest.raises(ValueError, match="--ll-tokens"):
+        kind_tokens("AsyncLL", argparse.Namespace(tokens="128", ll_tokens="256"))
+    merged = [dict(kernel="InterNodeV1 [put] dispatch", dtype="fp8", tokens=4096, eager_us=400.0, host_us=9.0),
+              dict(kernel="AsyncLL [auto] dispatch", dtype="fp8", tokens=4096, eager_us=400.0, host_us=9.0),
+              dict(kernel="IntraNode dispatch", dtype="fp8", tokens=4096, eager_us=300.0, host_us=8.0),
+              dict(kernel="IntraNode combine", dtype="bf16", tokens=4096, eager_us=500.0, host_us=8.0)]
+    _print_vs_intranode(merged, print_table)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and "inter-node kernel" not in ln]
+    assert len(lines) == 1 and "InterNodeV1 [put] dispatch" in lines[0] and "0.75" in lines[0]

@@ -2,22 +2,31 @@
 # Inter-node MORI-EP kernel types on the GPU machine (after the suite is built and installed).
 #
 #   bash tools/gpu_check.sh ep_internode                         (stages: $EP_INTERNODE_STAGES, default p2p)
-#   EP_INTERNODE_STAGES="pair quad bench4" bash tools/gpu_check.sh ep_internode
+#   EP_INTERNODE_STAGES="pair quad oct bench4" bash tools/gpu_check.sh ep_internode
 #   bash tools/gpu/ep_internode.sh [stage ...]                   (arguments override the variable)
 #
-# "p2p" (the default) = "pair quad bench4": NVSHMEM on its default transport (P2P over NVLink: no
-# NIC, no GDRCopy here), no network bring-up, within EP_INTERNODE_BUDGET seconds (default 165) on
-# 4 GPUs. Every inter-node test runs both network paths: auto (every peer node load/store-reachable,
-# written directly; asserted) and put (MORI_EP_INTERNODE_PATH=put: staged NVSHMEM puts over P2P).
-#   pair    in parallel: GPUs 0,1: EP2 benchmark (V1LL, AsyncLL on both paths, IntraNode, NCCL, DeepEP
-#           LL; 128/512 tokens, fp8/bf16 dispatch, bf16 combine; DeepEP waited for at /tmp/deepep);
-#           GPUs 2,3: tests 2x1 (one rank per GPU), then the missing-peer timeout at EP4 (2 ranks/GPU)
-#   quad    in parallel on GPUs 0-3: tests 4x1 and 4x2 (one rank per GPU; 2 reference rounds per dtype
-#           case, EP_INTERNODE_ROUNDS back-to-back rounds, default 50, graph replay for V1LL/AsyncLL),
-#           and 8x1 and 8x4 (two ranks per GPU, correctness only: 1 reference round per case, 20 rounds)
-#   bench4  EP4 benchmark: V1LL, AsyncLL, InterNode, InterNodeV1 (both paths) and IntraNode at 128, 512
-#           and 4096 tokens, NCCL, DeepEP LL (128/512) in the same invocation, kernel phase table, and
-#           the launch-knob sweep (LL types at 128, InterNode/V1 at 4096)
+# "p2p" (the default) = "pair quad oct bench4": the final run of issue #30. NVSHMEM on its default
+# transport (P2P over NVLink: no NIC, no GDRCopy here), within EP_INTERNODE_BUDGET seconds (default
+# 150) on 4 GPUs. Every inter-node test runs both network paths: auto (every peer node
+# load/store-reachable, written directly; asserted) and put (MORI_EP_INTERNODE_PATH=put: staged
+# NVSHMEM puts over P2P), EP_INTERNODE_ROUNDS back-to-back rounds (default 200) after the
+# reference-checked rounds, graph replay for V1LL/AsyncLL.
+#   pair    in parallel: GPUs 0,1: tests 2x1 (every type on both paths), then the missing-peer timeout
+#           at EP4 (2 ranks/GPU; every type on both paths); GPUs 2,3: EP2 benchmark (V1LL, AsyncLL on
+#           both paths, IntraNode, NCCL, DeepEP LL; 128/512 tokens, fp8/bf16 dispatch, bf16 combine)
+#   quad    tests 4x1 (one rank per GPU: every type on both paths) and 4x2 (every type once, both paths
+#           over the types: MORI_TEST_INTERNODE_PATH_SPLIT), 2 reference rounds per dtype case
+#   oct     tests 8x1 and 8x4 (two ranks per GPU): every type once per configuration, alternating paths,
+#           so the two configurations run every (type, path); 1 reference round per dtype case, no graph
+#           replay (it runs at 2x1, 4x1 and 4x2): with ranks sharing a GPU the reference op exchanges
+#           rows over gloo, through the host (the likely bulk of EP8's time). Capped so that bench4
+#           keeps 43 s
+#   bench4  EP4 benchmark, one invocation: V1LL and AsyncLL at 128/512 (sized for 512, as DeepEP LL),
+#           InterNode and InterNodeV1 at 128/512/4096, IntraNode, NCCL, DeepEP LL (128/512), both paths,
+#           the kernel phase table, a small launch sweep of InterNodeV1 at 4096; the side-by-side tables
+# Round 1 ran quad and oct at the same time (12 processes on 4 GPUs): both were still passing,
+# slowly, when their 70 s caps hit (spin-waiting kernels of processes sharing a GPU only run
+# when the GPU switches context). Here every stage has the GPUs to itself.
 # Older stages (slow; they try NVSHMEM network transports): probe bringup tests timeout bench.
 #
 # Logs go to $OUT; a summary is printed last; exit status non-zero when a test failed.
@@ -28,9 +37,9 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/../.."
 STAGES=${*:-${EP_INTERNODE_STAGES:-p2p}}
-STAGES=${STAGES//p2p/pair quad bench4}
-BUDGET=${EP_INTERNODE_BUDGET:-165}
-ROUNDS=${EP_INTERNODE_ROUNDS:-50}
+STAGES=${STAGES//p2p/pair quad oct bench4}
+BUDGET=${EP_INTERNODE_BUDGET:-150}
+ROUNDS=${EP_INTERNODE_ROUNDS:-200}
 DEEPEP=${DEEPEP_DIR:-/tmp/deepep}
 INTERNODE_CONFIGS=${INTERNODE_CONFIGS:-4x1 4x2 8x1 8x4}
 SUMMARY="$OUT/internode_summary.txt"
@@ -84,19 +93,20 @@ echo "stages: $STAGES (budget ${BUDGET}s)" | tee -a "$SUMMARY"
 for s in $STAGES; do
   case $s in
     pair)
-      { wait_deepep 60 > "$OUT/deepep_wait.log"
-        stage bench_ep2 100 "CUDA_VISIBLE_DEVICES=0,1 PYTHONPATH=$DEEPEP/DeepEP-1.2.1:\${PYTHONPATH:-} $BENCH --world-size 2 --kernel-type InterNodeV1LL,AsyncLL,IntraNode --tokens 128,512 --json $OUT/bench_ep2.json"; } &
-      { stage tests_2x1 70 "CUDA_VISIBLE_DEVICES=2,3 $TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS $PYTEST '$T::test_internode_kernel_types[2]'"
-        stage timeout_ep4 45 "CUDA_VISIBLE_DEVICES=2,3 $TEST_ENV $PYTEST '$T::test_timeout_names_the_missing_peer[4]'"; } &
+      { stage tests_2x1 30 "CUDA_VISIBLE_DEVICES=0,1 $TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS $PYTEST '$T::test_internode_kernel_types[2]'"
+        stage timeout_ep4 25 "CUDA_VISIBLE_DEVICES=0,1 $TEST_ENV $PYTEST '$T::test_timeout_names_the_missing_peer[4]'"; } &
+      { wait_deepep 30 > "$OUT/deepep_wait.log"
+        stage bench_ep2 45 "CUDA_VISIBLE_DEVICES=2,3 PYTHONPATH=$DEEPEP/DeepEP-1.2.1:\${PYTHONPATH:-} $BENCH --world-size 2 --kernel-type InterNodeV1LL,AsyncLL,IntraNode --tokens 128,512 --json $OUT/bench_ep2.json"; } &
       wait
       cat "$OUT/deepep_wait.log" | tee -a "$SUMMARY" ;;
     quad)
-      stage tests_4x 70 "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=2 MORI_TEST_INTERNODE_CONFIGS=4x1,4x2 $PYTEST '$T::test_internode_kernel_types[4]'" &
-      stage tests_8x 70 "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=20 MORI_TEST_INTERNODE_CASE_ROUNDS=1 MORI_TEST_INTERNODE_CONFIGS=8x1,8x4 $PYTEST '$T::test_internode_kernel_types[8]'" &
-      wait ;;
+      stage tests_4x 38 "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=2 MORI_TEST_INTERNODE_CONFIGS=4x1,4x2 MORI_TEST_INTERNODE_PATH_SPLIT=4x2 $PYTEST '$T::test_internode_kernel_types[4]'" ;;
+    oct)  # capped so that bench4 (next) keeps 43 s of the budget: it prints the final tables
+      cap=$(( $(left) - 43 )); [ "$cap" -gt 45 ] && cap=45
+      stage tests_8x "$cap" "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=1 MORI_TEST_INTERNODE_GRAPH=0 MORI_TEST_INTERNODE_CONFIGS=8x1,8x4 MORI_TEST_INTERNODE_PATH_SPLIT=8x1,8x4 $PYTEST '$T::test_internode_kernel_types[8]'" ;;
     bench4)
-      wait_deepep 30 | tee -a "$SUMMARY"
-      stage bench_ep4 120 "PYTHONPATH=$DEEPEP/DeepEP-1.2.1:\${PYTHONPATH:-} $BENCH --world-size 4 --kernel-type $LL_KINDS --tokens 128,512,4096 --sweep --json $OUT/bench_ep4.json" ;;
+      wait_deepep 10 | tee -a "$SUMMARY"
+      stage bench_ep4 48 "PYTHONPATH=$DEEPEP/DeepEP-1.2.1:\${PYTHONPATH:-} $BENCH --world-size 4 --kernel-type $LL_KINDS --tokens 128,512,4096 --ll-tokens 128,512 --sweep --sweep-types InterNodeV1 --json $OUT/bench_ep4.json" ;;
     probe)
       { echo "nvshmem lib: $NVSH_LIB"; ls -l /dev/gdrdrv 2>&1; grep -i gdrdrv /proc/modules 2>&1; ldconfig -p | grep -i -E "gdrapi|libucp|libibverbs|libfabric";
         command -v ucx_info && ucx_info -v && ucx_info -d | grep -E "Memory domain|Transport|Device" | head -40;
@@ -135,11 +145,22 @@ for s in $STAGES; do
   esac
 done
 
+# One table of a bench log: its "### TITLE" line, then its rows up to the blank line after them.
+table() { awk -v t="### $2" 'index($0, t) == 1 {on = 1; print; next} on && /^\|/ {rows = 1; print; next} on && rows {exit}' "$OUT/$1.log" | grep -v "^|---" | cut -c1-200; }
+
 echo; echo "===== inter-node summary ($((SECONDS - T0)) s of ${BUDGET}s)"; cat "$SUMMARY"
 echo "----- per type, config and path (rank 0)"
-cat "$OUT"/tests_*.log 2>/dev/null | grep -h "^INTERNODE rank=0 type=.*: \(PASS\|FAIL\)" | cut -c1-220
-cat "$OUT"/timeout_*.log 2>/dev/null | grep -h "^TIMEOUT" | cut -c1-200 | head -8
+cat "$OUT"/tests_*.log 2>/dev/null | grep -h -o "INTERNODE rank=0 type=[^:]*: \(PASS\|FAIL\)[^I]*" | cut -c1-200
+cat "$OUT"/timeout_*.log 2>/dev/null | grep -h "^TIMEOUT" | cut -c1-160 | head -8
 for f in bench_ep2 bench_ep4; do
-  [ -f "$OUT/$f.log" ] && { echo "----- $f"; grep -E "^\||^#|skipped|failed|Error|error" "$OUT/$f.log" | grep -v "^|---" | cut -c1-260 | head -150; }
+  [ -f "$OUT/$f.log" ] && grep -E "skipped|failed|Error|error" "$OUT/$f.log" | grep -v IBGDA | head -4
 done
+echo "----- bench_ep4: where the device time goes at 4096 tokens (full tables in bench_ep4.log)"
+table bench_ep4 "Where the device time goes" | grep -E "^### |^\| kernel| 4096 "
+echo "===== final tables (eager us: median over back-to-back calls, a CUDA event pair around each; host us: host time per call)"
+for f in bench_ep2 bench_ep4; do
+  [ -f "$OUT/$f.log" ] || continue
+  echo "----- $f"; table $f "Side by side"
+done
+echo "----- bench_ep4, 4096 tokens"; table bench_ep4 "Ours inter-node vs our IntraNode" | grep -E "^### |^\| inter-node| 4096 "
 ! grep -qE "^(tests|timeout)_.*rc=[1-9]" "$SUMMARY"

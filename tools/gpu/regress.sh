@@ -29,7 +29,7 @@ step() {  # step NAME LIMIT CMD...
 step omni_vllm2 100 "CUDA_VISIBLE_DEVICES=0,1 $PYTEST tests/integrations/vllm_omni/test_omni_gpu.py > $OUT/regress_omni.log 2>&1 & p=\$!;
   CUDA_VISIBLE_DEVICES=2,3 $PYTEST 'tests/integrations/vllm/test_vllm_gpu_exchange.py::test_token_exchange_over_gpu_op_matches_single_process_moe[2]'; r=\$?;
   wait \$p; o=\$?; tail -3 $OUT/regress_omni.log; [ \$r = 0 ] && [ \$o = 0 ]"
-step vllm4 90 "$PYTEST 'tests/integrations/vllm/test_vllm_gpu_exchange.py::test_token_exchange_over_gpu_op_matches_single_process_moe[4]'"
-step ep8 150 "MORI_RANKS_PER_GPU=2 $PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[8]'"
+step vllm4 70 "$PYTEST 'tests/integrations/vllm/test_vllm_gpu_exchange.py::test_token_exchange_over_gpu_op_matches_single_process_moe[4]'"
+step ep8 120 "MORI_RANKS_PER_GPU=2 $PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[8]'"
 echo "===== regress summary"; cat "$SUMMARY"
 exit $rc

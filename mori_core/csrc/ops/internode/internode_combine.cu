@@ -170,6 +170,9 @@ __global__ void __launch_bounds__(kMaxThreads) CombineSendKernel(InterArgs a, In
   const int gwarp = blockIdx.x * nwarps + tid / kWarpSize, total_warps = gridDim.x * nwarps;
   const int vecs = p.row_bytes / 16, put_rows = max(1, p.put_rows);
   const bool use_w = p.weights != nullptr;
+  // First peer node of this rank's sends (SendOrderNode); one order for the whole grid, since
+  // the grid's warps share one item space here.
+  const int order0 = (g.node + 1) % g.nodes;
   for (int m = tid; m < g.nodes; m += blockDim.x) {
     s_delta[m] = a.buf.net_peer_delta[m];
     s_rows[m] = m == g.node ? 0 : a.buf.recv_rows[m];
@@ -177,9 +180,10 @@ __global__ void __launch_bounds__(kMaxThreads) CombineSendKernel(InterArgs a, In
   __syncthreads();
   if (tid == 0) {
     if (blockIdx.x == 0) RecordPhase(a, 1, kTCombSendReady, round);
-    int run = 0;
-    for (int m = 0; m < g.nodes; ++m) {
-      s_items[m] = run;
+    int run = 0;  // items by position in this rank's send order (the same for every block)
+    for (int i = 0; i < g.nodes; ++i) {
+      const int m = SendOrderNode(order0, i, g.nodes);
+      s_items[i] = run;
       run += s_delta[m] != 0 ? s_rows[m] : (s_rows[m] + put_rows - 1) / put_rows;
     }
     s_items[g.nodes] = run;
@@ -192,8 +196,9 @@ __global__ void __launch_bounds__(kMaxThreads) CombineSendKernel(InterArgs a, In
   uint8_t* const recv_region = a.buf.net_comb_recv + CombRegion(g, par, g.node);
   for (int w = gwarp; w < items * parts; w += total_warps) {
     const int it = w % items, part = w / items;
-    const int m = NodeOfItem(s_items, g.nodes, it);
-    const int q = it - s_items[m];
+    const int pos = NodeOfItem(s_items, g.nodes, it);
+    const int m = SendOrderNode(order0, pos, g.nodes);
+    const int q = it - s_items[pos];
     const int64_t delta = s_delta[m];
     int32_t slot[kMaxLocal];
     if (delta != 0) {  // direct: the partial row goes straight into the source's receive area

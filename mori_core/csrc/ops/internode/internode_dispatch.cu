@@ -97,6 +97,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a
   const int chunk = (n + role_blocks - 1) / role_blocks;
   const int begin = min(n, role_bid * chunk), end = min(n, begin + chunk);
   for (int m = tid; m < g.nodes; m += T) sm.delta[m] = a.buf.net_peer_delta[m];
+  // First peer node of this block's sends: differs per rank, and per block over the peer nodes
+  // (SendOrderNode), so the blocks of one rank also spread over every peer at once.
+  const int order0 = g.nodes > 1 ? (g.node + 1 + role_bid % (g.nodes - 1)) % g.nodes : 0;
   // Node m's proxy receives this rank's rows in its region for this node.
   uint8_t* const recv_region = do_net ? a.buf.net_recv + NetRegion(g, par, g.node, g.disp_stride_cap) : nullptr;
 
@@ -110,10 +113,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a
     if (do_local)
       ReserveRow(a, has ? LocalBits(mask, g) : 0u, counter, sm.reserve, has, sm.slot[tid], a.buf.local_slot,
                  static_cast<size_t>(t) * g.gpn, kPhaseDispatchSend);
-    if (do_net && tid == 0) {
+    if (do_net && tid == 0) {  // items by position in this block's send order (own node: no rows)
       int run = 0;
-      for (int m = 0; m < g.nodes; ++m) {
-        sm.item_off[m] = run;
+      for (int i = 0; i < g.nodes; ++i) {
+        const int m = SendOrderNode(order0, i, g.nodes);
+        sm.item_off[i] = run;
         const int rows = sm.node.run[m];
         run += sm.delta[m] != 0 ? rows : (rows + put_rows - 1) / put_rows;
       }
@@ -156,8 +160,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) DispatchSendKernel(InterArgs a
         continue;
       }
       const int ni = item - local_items;
-      const int m = NodeOfItem(sm.item_off, g.nodes, ni);
-      const int q = ni - sm.item_off[m];
+      const int pos = NodeOfItem(sm.item_off, g.nodes, ni);
+      const int m = SendOrderNode(order0, pos, g.nodes);
+      const int q = ni - sm.item_off[pos];
       const int64_t delta = sm.delta[m];
       const int* row_tok = a.buf.net_row_tok + static_cast<size_t>(m) * g.max_tok;
       if (delta != 0) {  // direct: store into node m's proxy's receive area

@@ -68,6 +68,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deepep-ll", action="store_true",
                    help="inter-node types: also time DeepEP's low-latency mode on the same data (same run; needs "
                         "deep_ep importable)")
+    p.add_argument("--ll-tokens", default="",
+                   help="inter-node types: token counts of the low-latency types (InterNodeV1LL, AsyncLL), a subset "
+                        "of --tokens (default: all of them); their ops are sized for the largest")
+    p.add_argument("--sweep-types", default=",".join(INTER_TYPES),
+                   help="inter-node types: kernel types that --sweep sweeps")
+
+
+LL_TYPES = ("InterNodeV1LL", "AsyncLL")
+
+
+def kind_tokens(kind: str, args: argparse.Namespace) -> list[int]:
+    """Token counts ``kind`` runs: ``--tokens``, or for the low-latency types the ``--ll-tokens``
+    subset (ValueError naming a count that is not in ``--tokens``)."""
+    tokens = [int(t) for t in args.tokens.split(",")]
+    ll = [int(t) for t in getattr(args, "ll_tokens", "").split(",") if t.strip()]
+    bad = [t for t in ll if t not in tokens]
+    if bad:
+        raise ValueError(f"--ll-tokens {bad} must be among --tokens {tokens}")
+    return ll if ll and kind in LL_TYPES else tokens
 
 
 def _network_rows(idx: Any, cfg: Any, gpn: int) -> int:
@@ -127,7 +146,7 @@ def _make_op(kind: str, rank: int, world: int, args: argparse.Namespace, max_typ
     from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType, EpDispatchCombineOp
     from mori_core.ops.internode import PATH_ENV
 
-    tokens = [int(t) for t in args.tokens.split(",")]
+    tokens = kind_tokens(kind, args)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     gpn = args.gpu_per_node or world
     if kind in INTER_TYPES:
@@ -161,8 +180,11 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
             label = f"{kind}" if path == "-" else f"{kind} [{path}]"
             net_paths = op._engine.network_paths if kind in INTER_TYPES else {}
             gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
+            mine = kind_tokens(kind, args)
             for n in tokens:
-                idx, x_bf16, w = token_inputs(n, args, gen, dev)
+                idx, x_bf16, w = token_inputs(n, args, gen, dev)  # drawn for every count: same data for all kinds
+                if n not in mine:
+                    continue
                 net_rows = _network_rows(idx, op.config, gpn if kind != "IntraNode" else world)
                 for dname in dtypes:
                     x, scales = dtype_inputs(x_bf16, dname, op.config.scale_dim, dev)
@@ -190,7 +212,8 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
                 row["phases"] = phase_medians(op, 1, COMBINE_PHASES)
                 rows.append(row)
                 op.check_error()
-                if args.sweep and kind in INTER_TYPES and n == _sweep_tokens(kind, tokens):
+                sweep_types = [t.strip() for t in getattr(args, "sweep_types", ",".join(INTER_TYPES)).split(",")]
+                if args.sweep and kind in INTER_TYPES and kind in sweep_types and n == _sweep_tokens(kind, mine):
                     rows += _sweep(op, label, path, n, x_bf16, w, idx, dtypes, args, sync, dev)
             sync()
             op.close()
@@ -342,6 +365,8 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
               _fmt(s["dispatch_us"]), _fmt(s["combine_us"]), _fmt(s["host_us"]), _fmt(s["dispatch_send_us"]),
               _fmt(s["dispatch_forward_us"]), _fmt(s["combine_send_us"]), _fmt(s["combine_reduce_us"])]
              for s in sweep])
+    if not where.shared:
+        _print_vs_intranode(merged, print_table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"world": world, "gpu_per_node": gpn, "gpus": where.num_gpus,
@@ -351,18 +376,40 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
 
 
 def _print_side_by_side(ours: list[dict], deepep: list[dict], print_table: Callable[..., None]) -> None:
-    """Each of our LL-comparable rows next to DeepEP's low-latency row of the same (op, dtype, tokens)."""
+    """Each of our low-latency (V1LL, AsyncLL) and IntraNode rows next to DeepEP's low-latency row of
+    the same (op, dtype, tokens); InterNode/InterNodeV1 at those sizes are in the main table."""
     ref = {(d["kernel"].split()[-1], d["dtype"], d["tokens"]): d for d in deepep}
     rows = []
     for m in ours:
         parts = m["kernel"].split()
-        op = parts[-1]
-        d = ref.get((op, m["dtype"], m["tokens"]))
-        if d is None or parts[0] in ("nccl",):
+        d = ref.get((parts[-1], m["dtype"], m["tokens"]))
+        if d is None or parts[0] not in LL_TYPES + ("IntraNode",):
             continue
         rows.append([m["kernel"], m["dtype"], m["tokens"], m["eager_us"], d["eager_us"], _fmt(d.get("kernel_us")),
                      round(m["eager_us"] / d["eager_us"], 2), m["host_us"], d["host_us"]])
     if rows:
-        print_table("Side by side: ours vs DeepEP low-latency mode (same run, same routing and tokens)",
-                    ["ours", "dtype", "tokens", "ours eager us", "DeepEP eager us", "DeepEP kernel us (its timer)",
-                     "ours / DeepEP (eager)", "ours host us", "DeepEP host us"], rows)
+        print_table("Side by side: ours vs DeepEP low-latency mode (same run, same routing and tokens; eager us)",
+                    ["ours", "dtype", "tokens", "ours us", "DeepEP us", "DeepEP kernel us", "ours/DeepEP",
+                     "ours host us", "DeepEP host us"], rows,
+                    note="DeepEP kernel us: its tests' timer (bench_kineto: profiler, second of two periods, ranks "
+                         "aligned by a matmul and an all-reduce). Both sized for the largest token count here.")
+
+
+def _print_vs_intranode(merged: list[dict], print_table: Callable[..., None]) -> None:
+    """Each InterNode / InterNodeV1 row next to our IntraNode row of the same (op, dtype, tokens): the issue's
+    throughput target is inter-node bandwidth >= 0.8x IntraNode's (= IntraNode us / ours us)."""
+    ref = {(m["kernel"].split()[-1], m["dtype"], m["tokens"]): m for m in merged
+           if m["kernel"].startswith("IntraNode ")}
+    rows = []
+    for m in merged:
+        kind = m["kernel"].split()[0]
+        if kind not in ("InterNode", "InterNodeV1"):
+            continue
+        r = ref.get((m["kernel"].split()[-1], m["dtype"], m["tokens"]))
+        if r is not None:
+            rows.append([m["kernel"], m["dtype"], m["tokens"], m["eager_us"], r["eager_us"],
+                         round(r["eager_us"] / m["eager_us"], 2), m["host_us"]])
+    if rows:
+        print_table("Ours inter-node vs our IntraNode (same run, same data; bandwidth ratio = IntraNode us / ours us)",
+                    ["inter-node kernel", "dtype", "tokens", "eager us", "IntraNode eager us", "bandwidth ratio",
+                     "host us"], rows)
