@@ -41,17 +41,23 @@ stage() {  # stage NAME TIMEOUT CMD...: output to $OUT/ccl_NAME.log; never hangs
 }
 
 # Limits: 35 + 40 + 58 s at most, inside the 140 s budget with the setup line.
+# CCL_STAGES picks stages (default "test2 test4 bench"); CCL_BENCH_S overrides the bench's limit.
+STAGES=" ${CCL_STAGES:-test2 test4 bench} "
+W=$(( ngpu >= 4 ? 4 : ngpu ))
+if [[ $STAGES == *" test2 "* ]]; then
 stage test2 35 "CUDA_VISIBLE_DEVICES=0,1 CCL_TEST_TIMEOUT=32 MORI_TEST_STACKS_AFTER_S=28 $PYTEST -k 'suite and 2'"
 grep -h "parts:" "$OUT/ccl_test2.log" | head -2
-if [ "$ngpu" -ge 4 ]; then
+fi
+if [[ $STAGES != *" test4 "* ]]; then
+  :
+elif [ "$ngpu" -ge 4 ]; then
   stage test4 40 "CUDA_VISIBLE_DEVICES=0,1,2,3 CCL_TEST_TIMEOUT=37 MORI_TEST_STACKS_AFTER_S=33 $PYTEST -k 'suite and 4'"
   grep -h "parts:" "$OUT/ccl_test4.log" | head -4
-  W=4
 else
   echo "test4 skipped: $ngpu GPU(s)" | tee -a "$SUMMARY"
-  W=$ngpu
 fi
-stage bench 58 "MORI_BENCH_STACKS_AFTER_S=52 $PY -m mori_core.bench ccl --world-size $W --ceilings --sweep --json $OUT/ccl_bench.json"
+BENCH_S=${CCL_BENCH_S:-58}
+[[ $STAGES == *" bench "* ]] && stage bench "$BENCH_S" "MORI_BENCH_STACKS_AFTER_S=$((BENCH_S - 6)) $PY -m mori_core.bench ccl --world-size $W --ceilings --sweep --json $OUT/ccl_bench.json"
 
 echo
 echo "===== ccl results"

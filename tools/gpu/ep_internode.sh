@@ -102,11 +102,15 @@ for s in $STAGES; do
     quad)
       stage tests_4x 38 "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=2 MORI_TEST_INTERNODE_CONFIGS=4x1,4x2 MORI_TEST_INTERNODE_PATH_SPLIT=4x2 $PYTEST '$T::test_internode_kernel_types[4]'" ;;
     oct)  # capped so that bench4 (next) keeps 43 s of the budget: it prints the final tables
-      cap=$(( $(left) - 43 )); [ "$cap" -gt 45 ] && cap=45
-      stage tests_8x "$cap" "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=1 MORI_TEST_INTERNODE_GRAPH=0 MORI_TEST_INTERNODE_CONFIGS=8x1,8x4 MORI_TEST_INTERNODE_PATH_SPLIT=8x1,8x4 $PYTEST '$T::test_internode_kernel_types[8]'" ;;
+      # EP_INTERNODE_OCT_CONFIGS / EP_INTERNODE_OCT_CAP: which of 8x1,8x4 and how long (default both, 45 s)
+      cap=$(( $(left) - 43 )); [ "$cap" -gt "${EP_INTERNODE_OCT_CAP:-45}" ] && cap=${EP_INTERNODE_OCT_CAP:-45}
+      oct=${EP_INTERNODE_OCT_CONFIGS:-8x1,8x4}
+      stage tests_8x "$cap" "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=1 MORI_TEST_INTERNODE_GRAPH=0 MORI_TEST_INTERNODE_CONFIGS=$oct MORI_TEST_INTERNODE_PATH_SPLIT=$oct $PYTEST '$T::test_internode_kernel_types[8]'" ;;
     bench4)
       wait_deepep 10 | tee -a "$SUMMARY"
-      stage bench_ep4 48 "PYTHONPATH=$DEEPEP/DeepEP-1.2.1:\${PYTHONPATH:-} $BENCH --world-size 4 --kernel-type $LL_KINDS --tokens 128,512,4096 --ll-tokens 128,512 --sweep --sweep-types InterNodeV1 --json $OUT/bench_ep4.json" ;;
+      # EP_INTERNODE_BENCH4_CAP (default 48 s); EP_INTERNODE_SWEEP=0 drops the InterNodeV1 knob sweep
+      sweep="--sweep --sweep-types InterNodeV1"; [ "${EP_INTERNODE_SWEEP:-1}" = 0 ] && sweep=""
+      stage bench_ep4 "${EP_INTERNODE_BENCH4_CAP:-48}" "PYTHONPATH=$DEEPEP/DeepEP-1.2.1:\${PYTHONPATH:-} $BENCH --world-size 4 --kernel-type $LL_KINDS --tokens 128,512,4096 --ll-tokens 128,512 $sweep --json $OUT/bench_ep4.json" ;;
     probe)
       { echo "nvshmem lib: $NVSH_LIB"; ls -l /dev/gdrdrv 2>&1; grep -i gdrdrv /proc/modules 2>&1; ldconfig -p | grep -i -E "gdrapi|libucp|libibverbs|libfabric";
         command -v ucx_info && ucx_info -v && ucx_info -d | grep -E "Memory domain|Transport|Device" | head -40;

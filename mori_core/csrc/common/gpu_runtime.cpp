@@ -26,6 +26,11 @@ int GpuDeviceCount() {
 
 #if MORI_WITH_GPU
 void ThrowGpuError(gpuError_t err, const char* expr, const char* file, int line) {
+  // A failed runtime call also becomes the thread's "last error". Reset it here, so that the next
+  // launch's gpuGetLastError() check reports that launch and not this call, which was already
+  // reported by this throw (a bench caught a refused cudaMemcpyBatchAsync and then saw its
+  // "invalid argument" blamed on the next, valid, kernel launch). Sticky errors stay set.
+  (void)gpuGetLastError();
   throw GpuError(std::string(expr) + " failed: " + gpuGetErrorString(err) + " (" + file + ":" +
                  std::to_string(line) + ")");
 }

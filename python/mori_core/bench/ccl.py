@@ -339,7 +339,11 @@ def _overlap(rank: int, world: int, dev: Any, args: argparse.Namespace) -> list[
         try:
             with torch.cuda.stream(comm_s):
                 us_ag, _ = _eager(fn, 5, 2)
-            calls = max(4, int(solo * gemms / max(us_ag, 1.0)) + 4)  # cover the whole GEMM window
+            # Cover the whole GEMM window. Every rank must make the same number of calls (a
+            # collective), so the ranks agree on the largest of their local estimates.
+            agreed = torch.tensor([max(4, int(solo * gemms / max(us_ag, 1.0)) + 4)], dtype=torch.int64)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # over gloo: no GPU stream involved
+            calls = int(agreed.item())
             g_us, c_us = gemm_window(fn, calls)
             rows.append(dict(table="overlap", impl=name, gemm_us=g_us, tflops=flops / g_us / 1e6, kept=solo / g_us,
                              comm_us=c_us, comm_alone_us=us_ag))
