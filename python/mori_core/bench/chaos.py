@@ -8,7 +8,7 @@ Loopback only; every loop is bounded in count and time. Profiles:
 * ``long``: 10,000 inputs per listener, the fault scenarios, 8 pairs x 300 s, the
   floods at 12,000 / 5,000 / both / 10,000, the attacks (log flood of 10,000 inputs).
 
-Sections run in order (``--sections fuzz,faults,load,flood,attacks``); ``--listeners`` picks
+Sections run in order (``--sections fuzz,faults,load,flood,attacks,adapters``); ``--listeners`` picks
 the fuzzed listeners (``io,pd,omni,sglang``: a listener whose framework is not
 installed is reported as skipped), ``--floods`` the IO floods
 (:mod:`~mori_core.bench.chaos_flood`), ``--attacks`` the attacks of
@@ -22,7 +22,7 @@ than 100 log lines, or an attack that got through (a replay accepted, pre-auth R
 above +64 MiB, a legitimate message delayed past 2 s, more than 100 log lines per
 10,000 bad inputs).
 
-Section ``adapters`` runs attacks on the framework adapters (``--attacks``):
+Section ``adapters`` runs attacks on the framework adapters (``--adapter-attacks``):
 ``stale-kv`` (a vLLM prefill restarted with a fixed engine id, its predecessor's
 ``kv_transfer_params`` replayed: :mod:`.chaos_restart`), ``bootstrap-flood`` and
 ``bootstrap-forgery`` (the SGLang PD bootstrap server: :mod:`.chaos_bootstrap`, needs sglang).
@@ -53,7 +53,7 @@ ADAPTER_ATTACKS = ("stale-kv", "bootstrap-flood", "bootstrap-forgery")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of the chaos harness."""
     p.add_argument("--profile", choices=tuple(PROFILES), default="short")
-    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of fuzz,faults,load,flood,attacks")
+    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
     p.add_argument("--listeners", default="io,pd,omni,sglang", help="listeners to fuzz")
     p.add_argument("--faults", default="kill,stall,reset,deregister", help="fault scenarios to run")
     p.add_argument("--floods", default=",".join(FLOOD_NAMES), help="IO connection floods to run")
@@ -148,6 +148,9 @@ def run_floods(names: Sequence[str], profile: str) -> List[str]:
                  "RSS MiB before", "peak", "log lines", "s", "result"], rows,
                 note="connections: opened by the flooder, replacements of those the listener closed included "
                      "(many-sources: bad inputs, each from its own 127.x.y.z). Peaks sampled every 20 ms.")
+    return failures
+
+
 def run_attacks(names: Sequence[str], inputs: int, require_installed: bool = False) -> List[str]:
     """Run the control-plane attacks; prints their table, returns the failures (an attack
     whose framework is missing counts as one only with ``require_installed``)."""
@@ -165,6 +168,7 @@ def run_attacks(names: Sequence[str], inputs: int, require_installed: bool = Fal
     print_table("Attacks on the control planes (loopback)", ["attack", "listener", "measured", "s", "result"], rows,
                 note="Bounds: 0 replays accepted, pre-auth RSS growth <= 64 MiB, a legitimate message during a "
                      "flood within 2 s, <= 100 log lines per 10,000 bad inputs, no traceback.")
+    return failures
 
 
 def run_adapter_attacks(names: Sequence[str], inputs: int, require_installed: bool = False) -> List[str]:
