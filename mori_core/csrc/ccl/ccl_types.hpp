@@ -70,7 +70,9 @@ struct Options {
   bool ce_batch = true;     // one batched stream-memory-operation call per group of waits/writes
   bool ce_signal_copy = false;  // signal peers with 4-byte copies instead of stream write operations
   // Copy engines: each peer's copy is split into up to this many pieces, each on its own stream
-  // (one cudaMemcpyAsync keeps one copy engine busy; pieces keep several busy per peer).
+  // (one cudaMemcpyAsync keeps one copy engine busy; pieces put several in flight per peer). On
+  // 4x H100 more pieces did not raise the rate with three peers at once and made the all-to-all
+  // slower at >= 64 MiB (docs/ccl.md, "Sweep" and "Copy-engine ceilings").
   int ce_split = 2;
   uint64_t ce_piece_min_bytes = 1ull << 20;  // no piece smaller than this
 };
