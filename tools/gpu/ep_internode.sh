@@ -102,7 +102,9 @@ for s in $STAGES; do
     quad)
       stage tests_4x 38 "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=2 MORI_TEST_INTERNODE_CONFIGS=4x1,4x2 MORI_TEST_INTERNODE_PATH_SPLIT=4x2 $PYTEST '$T::test_internode_kernel_types[4]'" ;;
     oct)  # capped so that bench4 (next) keeps 43 s of the budget: it prints the final tables
-      # EP_INTERNODE_OCT_CONFIGS / EP_INTERNODE_OCT_CAP: which of 8x1,8x4 and how long (default both, 45 s)
+      # EP_INTERNODE_OCT_CONFIGS / EP_INTERNODE_OCT_CAP: which of 8x1,8x4 and how long (default both, 45 s).
+      # The path alternation starts at the first configuration named: 8x4 alone gets 8x1's (type, path)
+      # pairs, not the other half (round 3 ran it so: InterNode/V1LL direct, V1/AsyncLL put at EP8).
       cap=$(( $(left) - 43 )); [ "$cap" -gt "${EP_INTERNODE_OCT_CAP:-45}" ] && cap=${EP_INTERNODE_OCT_CAP:-45}
       oct=${EP_INTERNODE_OCT_CONFIGS:-8x1,8x4}
       stage tests_8x "$cap" "$TEST_ENV MORI_TEST_INTERNODE_ROUNDS=$ROUNDS MORI_TEST_INTERNODE_CASE_ROUNDS=1 MORI_TEST_INTERNODE_GRAPH=0 MORI_TEST_INTERNODE_CONFIGS=$oct MORI_TEST_INTERNODE_PATH_SPLIT=$oct $PYTEST '$T::test_internode_kernel_types[8]'" ;;
