@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import zmq
 
-from mori_core.io import EngineDesc, MemoryDesc, MemoryLocationType, TcpBackendConfig, XgmiBackendConfig
+from mori_core.io import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, TcpBackendConfig, XgmiBackendConfig
 from mori_integrations.common.engine_setup import create_engine
 from mori_integrations.common.segments import PlanError, TransferBatch
 from mori_integrations.vllm.kv_connector.config import ConnectorConfig, rank_port
@@ -111,6 +111,7 @@ class TransferAgent:
         self.counters = TransferCounters()
         self._peers: Dict[str, Peer] = {}
         self._peer_by_address: Dict[Address, Peer] = {}
+        self._async_peers: Dict[str, bool] = {}  # engine key -> submits_async
         self._closed = False
         self.control: Optional[ControlServer] = None
         self.heartbeat: Optional[ProxyHeartbeat] = None
@@ -284,18 +285,11 @@ class TransferAgent:
         not engine ``engine_id`` / instance ``instance_id`` (it restarted after computing the
         request's KV: that KV is gone, and its blocks at those ids hold other KV).
         """
+        peer = self.cached_peer(address, rank, tp_size, engine_id, instance_id)
+        if peer is not None:
+            return peer
         where = self.peer_address(address, rank, tp_size)
         host, port = where
-        now = time.monotonic()
-        with self.lock:
-            peer = self._peer_by_address.get(where)
-        if (
-            peer is not None
-            and now - peer.seen <= self.config.handshake_ttl_s
-            and (engine_id is None or peer.meta.engine_id == engine_id)
-            and (instance_id is None or peer.meta.instance == instance_id)
-        ):
-            return peer
         try:
             meta = fetch_metadata(
                 self.codec, self.ctx, host, port, self.engine_key, self.config.handshake_timeout_s
@@ -324,6 +318,42 @@ class TransferAgent:
                 "restarted after it computed the request: its KV is gone)"
             )
         return peer
+
+    def cached_peer(
+        self,
+        address: PeerAddress,
+        rank: int,
+        tp_size: int,
+        engine_id: Optional[str] = None,
+        instance_id: Optional[str] = None,
+    ) -> Optional[Peer]:
+        """Rank ``rank`` of the producer at ``address`` when its cached handshake can be trusted
+        (see :meth:`fetch_peer`), else None. Never does I/O."""
+        where = self.peer_address(address, rank, tp_size)
+        with self.lock:
+            peer = self._peer_by_address.get(where)
+        if (
+            peer is not None
+            and time.monotonic() - peer.seen <= self.config.handshake_ttl_s
+            and (engine_id is None or peer.meta.engine_id == engine_id)
+            and (instance_id is None or peer.meta.instance == instance_id)
+        ):
+            return peer
+        return None
+
+    def submits_async(self, peer: Peer) -> bool:
+        """Whether a batch towards ``peer`` returns as soon as it is queued (XGMI: a kernel launch).
+
+        TCP sends its bytes from the submitting thread, so only XGMI batches may be submitted
+        from a thread that must not block (the control thread). Cached per peer.
+        """
+        hit = self._async_peers.get(peer.key)
+        if hit is None:
+            routes = {self.engine.route_of(a, b) for a in self.regions for b in peer.regions}
+            hit = self._async_peers[peer.key] = routes == {BackendType.XGMI}
+            if len(self._async_peers) > _MAX_PEERS:
+                self._async_peers.pop(next(iter(self._async_peers)))
+        return hit
 
     def confirm(self, peers: Sequence[Peer]) -> None:
         """These peers just proved alive (a transfer with them succeeded)."""

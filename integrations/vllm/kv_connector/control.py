@@ -11,7 +11,8 @@ a metadata reply to the request it answers. A bad message is dropped and logged,
 one line per peer address and a few lines in total per interval (with a summary of what
 was not logged). Without a shared secret any peer that reaches the ports can send valid
 messages: the server warns at start when it binds beyond loopback that way. Handlers run
-on this thread and must not block: anything slow is handed to the transfer threads.
+on this thread and must not block: anything slow is handed to the transfer threads (a write
+request whose KV is ready is submitted here only when its batch just queues copies: XGMI).
 """
 
 from __future__ import annotations

@@ -169,7 +169,8 @@ class LayerPlanner:
             raise PlanError(f"layer {name}: {src_blocks.size} source blocks but {dst_blocks.size} destination blocks")
         if src_blocks.size == 0 or not head_pairs or not prepared.runs:
             return empty, empty, empty
-        pairs = tuple(map(tuple, head_pairs))  # the template cache's key (a generator of int() pairs cost ~10 us)
+        # The template cache's key: callers on the transfer path pass cached_head_pairs' tuple as is.
+        pairs = head_pairs if isinstance(head_pairs, tuple) else tuple(map(tuple, head_pairs))
         sb = src_blocks.astype(np.int64, copy=False)
         db = dst_blocks.astype(np.int64, copy=False)
         parts_src, parts_dst, parts_sz = [], [], []

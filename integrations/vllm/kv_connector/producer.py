@@ -10,7 +10,9 @@ the kernel that produced the KV); a consumer that asks later gets all layers at 
 The writer never waits for a copy: it waits for the layer's event, plans the layer
 (a cached template, see :class:`~.planner.LayerPlanner`) and submits it; queued layers of
 one target whose events already completed (the writer fell behind the forward) go out as
-one submission, so a burst costs one launch, not one per layer.
+one submission, so a burst costs one launch, not one per layer. A consumer that asks after
+the KV is complete, over XGMI (where submitting only queues a copy), is written from the
+control thread that received its request, with no hand-off to the writer.
 The request's blocks are released (``finished_sending``) only when every consumer rank
 is accounted for and no write is in flight, or ``defer_timeout`` after it finished.
 """
@@ -29,10 +31,10 @@ import numpy.typing as npt
 
 from mori_integrations.common.segments import PlanError, await_statuses
 from mori_integrations.vllm.kv_connector.control import HandshakeError
-from mori_integrations.vllm.kv_connector.messages import ConsumerDone, WriteDone, WriteRequest
+from mori_integrations.vllm.kv_connector.messages import AgentMetadata, ConsumerDone, WriteDone, WriteRequest
 from mori_integrations.vllm.kv_connector.metadata import FinishedSend, SendJob
 from mori_integrations.vllm.kv_connector.planner import pair_blocks
-from mori_integrations.vllm.kv_connector.tp_mapping import head_pairs
+from mori_integrations.vllm.kv_connector.tp_mapping import cached_head_pairs
 
 if TYPE_CHECKING:
     from mori_integrations.vllm.kv_connector.agent import Peer, TransferAgent
@@ -46,9 +48,10 @@ _MAX_CLOSED = 1 << 16
 
 @dataclasses.dataclass
 class _Target:
-    """One consumer rank that asked for writes."""
+    """One consumer rank that asked for writes (``consumer``: its decoded metadata, kept at hand)."""
 
     request: WriteRequest
+    consumer: AgentMetadata
     peer: "Peer"
     budget_end: float
     enqueued: Set[str] = dataclasses.field(default_factory=set)
@@ -60,11 +63,11 @@ class _Target:
     abort: Optional[str] = None
     ended: bool = False
     blocks: Optional[List[Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]] = None
-    pairs: Optional[List[Tuple[int, int]]] = None
+    pairs: Optional[Sequence[Tuple[int, int]]] = None
 
     @property
     def rank(self) -> int:
-        return self.request.consumer_meta.tp_rank
+        return self.consumer.tp_rank
 
     @property
     def writing(self) -> bool:
@@ -196,14 +199,26 @@ class ProducerSide:
             if consumer.tp_rank in send.targets or consumer.tp_rank in send.accounted:
                 logger.warning("MoriSuiteConnector: duplicate write request for %s ignored", request.transfer_id)
                 return
-            target = _Target(request=request, peer=peer, budget_end=now + request.budget_ms / 1000.0)
+            target = _Target(request=request, consumer=consumer, peer=peer,
+                             budget_end=now + request.budget_ms / 1000.0)
             send.targets[consumer.tp_rank] = target
             if send.finished is not None and send.finished.aborted:
                 target.abort = "the prefill request was aborted"
                 self._end_target(send, target)
-            elif send.kv_ready:
-                self._enqueue_rest(send, target, send.ready_event)
-            # else: the writes start when the request's last chunk is computed
+                return
+            if not send.kv_ready:
+                return  # the writes start when the request's last chunk is computed
+            item = self._rest_item(send, target, send.ready_event)
+        # The KV is computed: this target's whole write is this one item (no other item of it can
+        # exist, so it may skip the queue). Where submitting cannot block (XGMI) and the KV is
+        # complete, it is written right here: handing it to the writer thread cost a thread
+        # wake-up (~150 us on an idle host) between the request and the copy.
+        if item is None:
+            return
+        if item.ready() and self._agent.submits_async(peer):
+            self._run_item(item)
+        else:
+            self._put(item)
 
     def on_consumer_done(self, note: ConsumerDone) -> None:
         """A consumer rank needs nothing more (READ finished, released, or aborted) (control thread)."""
@@ -286,12 +301,18 @@ class ProducerSide:
         return None if item is None or item[0] < now else item[1]
 
     def _enqueue_rest(self, send: _Send, target: _Target, event: Any) -> None:
+        item = self._rest_item(send, target, event)
+        if item is not None:
+            self._put(item)
+
+    def _rest_item(self, send: _Send, target: _Target, event: Any) -> Optional[_WriteItem]:
+        """The final write of ``target``: every layer not written yet (None: nothing more to write; lock held)."""
         if target.final_enqueued or target.abort is not None:
-            return
+            return None
         rest = [n for n in self._layer_names if n not in target.enqueued]
         target.enqueued.update(rest)
         target.final_enqueued = True
-        self._put(_WriteItem(send, target, rest, event, final=True))
+        return _WriteItem(send, target, rest, event, final=True)
 
     def _fail_waiting(self, send: _Send, reason: str) -> None:
         for target in send.targets.values():
@@ -308,7 +329,7 @@ class ProducerSide:
         send.accounted.add(target.rank)
         ok = target.failure is None and target.abort is None
         reason = target.failure or target.abort or ""
-        consumer = target.request.consumer_meta
+        consumer = target.consumer
         self._agent.trace.mark(send.transfer_id, "write_done_sent")
         self._reply(consumer.notify_host, consumer.notify_port, send.transfer_id, ok, target.nbytes if ok else 0,
                     elapsed_us, reason)
@@ -337,7 +358,7 @@ class ProducerSide:
         if send.job is None:
             raise PlanError("the request's blocks are unknown on the prefill")
         agent, req = self._agent, target.request
-        ident, consumer = agent.identity, req.consumer_meta
+        ident, consumer = agent.identity, target.consumer
         if consumer.total_kv_heads != ident.total_kv_heads or consumer.replicated_heads != ident.replicated_heads:
             raise PlanError(
                 f"KV heads differ: prefill {ident.total_kv_heads}, decode {consumer.total_kv_heads} (same model?)"
@@ -351,7 +372,7 @@ class ProducerSide:
             s, d = pair_blocks(src, dst, send.job.null_block_id)
             blocks.append((s, d))
         target.blocks = blocks
-        target.pairs = head_pairs(
+        target.pairs = cached_head_pairs(
             ident.total_kv_heads, ident.tp_size, ident.tp_rank, consumer.tp_size, consumer.tp_rank, ident.replicated_heads
         )
 
@@ -378,14 +399,18 @@ class ProducerSide:
             item = self._next_item()
             if item is None:
                 return
-            try:
-                self._write(item)
-            except Exception as e:  # never let one request end the writer
-                logger.exception("MoriSuiteConnector: write of %s failed", item.send.transfer_id)
-                with self._agent.lock:
-                    item.target.failure = item.target.failure or f"write error: {e!r}"
-                if item.final:
-                    self._agent.pool.submit(self._finish, item.send, item.target)
+            self._run_item(item)
+
+    def _run_item(self, item: _WriteItem) -> None:
+        """Write one item; a failure is recorded on its target (never raised: the caller is a service thread)."""
+        try:
+            self._write(item)
+        except Exception as e:
+            logger.exception("MoriSuiteConnector: write of %s failed", item.send.transfer_id)
+            with self._agent.lock:
+                item.target.failure = item.target.failure or f"write error: {e!r}"
+            if item.final:
+                self._agent.pool.submit(self._finish, item.send, item.target)
 
     def _write(self, item: _WriteItem) -> None:
         send, target = item.send, item.target

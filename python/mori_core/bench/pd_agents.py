@@ -82,6 +82,26 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
         return
     # What vLLM's scheduler hands its workers with every step: the server instance's nonce.
     agent.bind_instance(spec.get("instance_id") or uuid.uuid4().hex)
+    submit_threads: List[str] = []  # which threads wrote (prefill) or read (decode) KV
+    if spec.get("submit_inline"):
+        # Tests: treat every route as XGMI's (submitting only queues copies), so the paths that
+        # submit from the control thread (prefill) and from the model thread (decode) run over
+        # TCP, whose submit then blocks those threads for the transfer (correct, only slower).
+        agent.submits_async = lambda peer: True
+    if spec.get("submit_inline") or spec.get("record_submit_threads"):
+        import threading
+
+        run_item, read = agent.producer._run_item, agent.consumer._read
+
+        def traced_run_item(item: Any) -> None:
+            submit_threads.append(threading.current_thread().name)
+            run_item(item)
+
+        def traced_read(recv: Any, producers: Any, submit_only: bool = False) -> None:
+            submit_threads.append(threading.current_thread().name)
+            read(recv, producers, submit_only)
+
+        agent.producer._run_item, agent.consumer._read = traced_run_item, traced_read
     any_kv = next(iter(kv.values()))
     collected: List[Any] = []
 
@@ -189,6 +209,7 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
         "totals": lambda _: dict(agent.counters.totals),
         "pending": lambda _: (agent.producer.has_pending(), agent.consumer.has_pending()),
         "peer_routes": lambda _: agent.peer_routes(),
+        "submit_threads": lambda _: list(submit_threads),
     }
     pipe.send("ready")
     while True:
@@ -210,6 +231,8 @@ class AgentProcess(SpawnedProcess):
     ``spec`` keys: engine_id, tp_rank, tp_size, total_heads, layers, num_blocks, heads (local),
     tokens (per block), content, extra (connector config); optional dtype, layout, device, ratio,
     env (environment variables set before the agent's engine is made, e.g. ``MORI_IO_XGMI_*``).
+    submit_inline (tests: take every route for one that submits without blocking, see ``_serve``),
+    record_submit_threads (tests: the ``submit_threads`` command names the threads that wrote / read).
     instance_id (the server instance's nonce, as vLLM's scheduler would hand it; default: a fresh one).
     """
 

@@ -33,9 +33,10 @@ def gpus(request: pytest.FixtureRequest) -> Iterator[Dict[str, Server]]:
     other = "cuda:1" if request.param == "two-gpus" else "cuda:0"
     made: Dict[str, Server] = {}
     try:
-        made["P"] = Server(f"gpu-prefill-{request.param}", 1, SHAPE, ["cuda:0"], extra=XGMI)
+        made["P"] = Server(f"gpu-prefill-{request.param}", 1, SHAPE, ["cuda:0"], extra=XGMI, record_threads=True)
         made["P"].ranks[0].call("fill", 7)
-        made["D"] = Server(f"gpu-decode-{request.param}", 1, SHAPE, [other], layout="LBNHC", extra=XGMI)
+        made["D"] = Server(f"gpu-decode-{request.param}", 1, SHAPE, [other], layout="LBNHC", extra=XGMI,
+                           record_threads=True)
         made["P2"] = Server(f"gpu-prefill-tp2-{request.param}", 2, SHAPE, ["cuda:0", other], extra=XGMI)
         for i, r in enumerate(made["P2"].ranks):
             r.call("fill", 20 + i)
@@ -78,3 +79,24 @@ def test_gpu_tp2_prefill_to_tp1_decode(gpus) -> None:
         assert all(r.ok for r in results), results
         assert released == [[req], [req]]
         check_moved(src, dst, sb, db)
+
+
+def test_gpu_transfers_submitted_without_a_thread_hand_off(gpus) -> None:
+    """XGMI submissions only queue copies, so a write request that finds its KV computed is
+    written by the prefill's control thread on arrival, and a READ whose handshake is cached is
+    submitted by the decode's calling (model) thread: no thread hand-off before the copy."""
+    src, dst = gpus["P"], gpus["D"]
+    transfer(src, dst, "read", n=2)  # the decode's handshake with this prefill is cached from here on
+    for mode in ("write", "read", "write"):
+        before = [len(s.ranks[0].call("submit_threads")) for s in (src, dst)]
+        results, released, sb, db, req = transfer(src, dst, mode, n=12, skip=1)
+        assert all(r.ok for r in results), (mode, results)
+        assert released == [[req]]
+        check_moved(src, dst, sb[1:], db[1:])
+        assert dst.zero(db[:1])
+        prefill, decode = (s.ranks[0].call("submit_threads")[b:] for s, b in zip((src, dst), before))
+        print(f"{mode}: prefill submitted on {prefill}, decode on {decode}")
+        if mode == "write":
+            assert prefill == ["mori-kv-ctl-tp0"] and decode == [], (prefill, decode)
+        else:
+            assert prefill == [] and decode == ["MainThread"], (prefill, decode)

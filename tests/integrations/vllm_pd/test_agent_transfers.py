@@ -57,3 +57,35 @@ def test_write_request_after_the_kv_was_computed(servers) -> None:
     assert all(r.ok for r in results), results
     check_moved(servers["P"], servers["D"], sb, db)
     assert released == [[req]]
+
+
+def test_transfers_submitted_without_a_thread_hand_off() -> None:
+    """Over XGMI (where submitting only queues copies) a write request that finds its KV computed
+    is written by the prefill's control thread, and a READ is submitted by the decode's model
+    thread (no hand-off to the writer / a transfer thread). Forced here over TCP: the bytes must
+    still arrive, head by head, between TP sizes, and the early (layer-pipelined) WRITE must
+    still go through the writer thread."""
+    made: Dict[str, Server] = {}
+    try:
+        made["P"] = Server("prefill-inline", 1, submit_inline=True)
+        made["P"].ranks[0].call("fill", 3)
+        made["D2"] = Server("decode-inline", 2, submit_inline=True)
+        p, d = made["P"], made["D2"]
+        for mode, race in (("write", False), ("read", False), ("write", True)):
+            before = [r.call("submit_threads") for r in p.ranks + d.ranks]
+            results, released, sb, db, req = transfer(p, d, mode, n=4, skip=1, pipelined_race=race)
+            assert all(r.ok for r in results), (mode, race, results)
+            assert released == [[req]], (mode, race, released)
+            check_moved(p, d, sb[1:], db[1:])
+            assert d.zero(db[:1])
+            threads = [r.call("submit_threads")[len(b):] for r, b in zip(p.ranks + d.ranks, before)]
+            prefill, decode = threads[0], threads[1:]
+            if mode == "read":
+                assert prefill == [] and all(t == ["MainThread"] for t in decode), threads
+            elif race:  # the request came before the forward: layer by layer through the writer
+                assert prefill and set(prefill) == {"mori-kv-writer"}, threads
+            else:  # each decode rank's request, written on arrival by the control thread
+                assert prefill == ["mori-kv-ctl-tp0"] * 2, threads
+    finally:
+        for s in made.values():
+            s.close()
