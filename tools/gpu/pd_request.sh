@@ -56,8 +56,13 @@ if [ -n "${PD_REF_DIR:-}" ]; then
 fi
 echo
 for f in "$OUT"/pd_request_B_*.md; do
-  echo "=== $(basename "$f")"
-  grep -v "^$" "$f" | grep -E "^\||^###|Error|error|Traceback" | tail -n 40
+  echo "=== phases: $(basename "$f")"
+  grep -v "^$" "$f" | grep -E "^\|.*(write|read|pipelined), |Error|error|Traceback" | tail -n 40
+done
+echo
+for f in "$OUT"/pd_request_B_*.md; do  # the request rows last (what the tool's output tail keeps)
+  echo "=== requests: $(basename "$f")"
+  grep -E "MoriSuiteConnector|plain copy|Traceback" "$f"
 done
 echo "pd_request: total $(( $(date +%s) - T0 )) s"
 exit $rc
