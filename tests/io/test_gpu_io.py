@@ -324,8 +324,8 @@ def _path_of(submit) -> tuple[object, str]:
 @pytest.mark.parametrize("op", ["write", "read"])
 def test_xgmi_proxy_takes_what_fits_and_launches_the_rest(proxy_pair, op):
     """At most 64 segments and proxy_max_bytes (1 MiB) go to the resident grid;
-    65 segments or 2 MiB are launched, 64 MiB segments use copy engines. Every
-    byte is checked."""
+    65 segments or 2 MiB are launched, 64 MiB segments use copy engines (several at
+    once: one batched call). Every byte is checked."""
     init, target, tdev = proxy_pair
     span = 160 << 20
     name = f"proxy-routes-{op}"
@@ -342,6 +342,9 @@ def test_xgmi_proxy_takes_what_fits_and_launches_the_rest(proxy_pair, op):
         ("1 MiB, unaligned", [(4 << 20) + 3], [(70 << 20) + 5], [1 << 20], "proxy"),
         ("2 MiB", [6 << 20], [72 << 20], [2 << 20], "kernel"),
         ("64 MiB", [16 << 20], [80 << 20], [64 << 20], "copy_engines"),
+        # 4 x 8 MiB apart (average above the kernel's 4 MiB): one cudaMemcpyBatchAsync (CUDA >= 13)
+        ("4 x 8 MiB", [96 << 20, 112 << 20, 128 << 20, 144 << 20], [40 << 20, 24 << 20, 8 << 20, 56 << 20],
+         [8 << 20] * 4, "copy_engine_batch"),
     ]
     f = sess.batch_write if op == "write" else sess.batch_read
     for what, lo, ro, sizes, expected in cases:

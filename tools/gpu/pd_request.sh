@@ -13,7 +13,7 @@
 #    GPU on GPUs 2,3; two GPUs on GPUs 0,1), both halves at once.
 # B. python -m mori_core.bench vllm-pd --agents --frameworks vllm (WRITE, READ, layer-pipelined WRITE;
 #    contiguous and scattered blocks; per-phase breakdown) GPU 0 -> 1, alone on the host, next to a
-#    same-run Tensor.copy_.
+#    same-run Tensor.copy_; extra rows with MORI_IO_XGMI_CE_BATCH=0 (one cudaMemcpyAsync per segment).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/mori_gpu_out}
@@ -44,6 +44,7 @@ bench() {  # $1: label, $2: extra PYTHONPATH in front ("" = this tree)
   local t=$(date +%s)
   PYTHONPATH=${2:+$2:}${PYTHONPATH:-} CUDA_VISIBLE_DEVICES=0,1 timeout 90 $PY -m mori_core.bench vllm-pd --agents \
     --device cuda --frameworks vllm --iters 30 --warmup 3 --block-order both --breakdown \
+    --engine-env "MORI_IO_XGMI_CE_BATCH=0" \
     > "$OUT/pd_request_B_$1.md" 2>&1
   local r=$?; [ "$r" = 0 ] || rc=1
   echo "--- B $1 (exit $r, $(( $(date +%s) - t )) s)"

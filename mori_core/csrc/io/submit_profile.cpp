@@ -21,6 +21,7 @@ const char* PathName(Path p) {
     case kPathKernel: return "kernel";
     case kPathCopyEngines: return "copy_engines";
     case kPathProxy: return "proxy";
+    case kPathCopyEngineBatch: return "copy_engine_batch";
     default: return "none";
   }
 }

@@ -28,7 +28,7 @@ const char* StampName(Stamp s);
 
 // How a GPU backend moved the bytes (so a benchmark or test can tell which
 // engine served a transfer without timing it).
-enum Path : int { kPathNone = 0, kPathKernel, kPathCopyEngines, kPathProxy };
+enum Path : int { kPathNone = 0, kPathKernel, kPathCopyEngines, kPathProxy, kPathCopyEngineBatch };
 const char* PathName(Path p);
 
 extern std::atomic<bool> gEnabled;

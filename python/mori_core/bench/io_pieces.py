@@ -171,7 +171,9 @@ def baselines(rows: Sequence[Tuple[int, int]], src_dev: int, dst_dev: int, iters
     testing = _C._xgmi_testing
     out: Dict[Tuple[int, int], Dict[str, Any]] = {}
     with torch.cuda.device(src_dev):
-        stream = torch.cuda.current_stream()
+        # A stream of its own: cudaMemcpyBatchAsync refuses the legacy default stream (the
+        # current stream here), which is why this column was empty before.
+        stream = torch.cuda.Stream()
         for count, size in rows:
             lo, ro, sz = (a.ravel().tolist() for a in layout(count, size, seed=count))
             srcs = [timer.src.data_ptr() + o for o in lo]

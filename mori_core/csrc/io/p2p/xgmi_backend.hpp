@@ -10,6 +10,7 @@
 // plane (notify_channel).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -34,6 +35,7 @@ namespace mori::io::p2p {
 struct XgmiTuning {
   int kernelMinSegments = 1;             // fewer segments: copy engines
   uint64_t kernelMaxAvgBytes = 4 << 20;  // larger average segment: copy engines
+  bool copyEngineBatch = true;           // copy engines: one cudaMemcpyBatchAsync per launch (CUDA >= 13)
   ScatterShape shape;
   static XgmiTuning FromEnv();  // throws InvalidArgument naming the variable and its limit
 };
@@ -96,6 +98,10 @@ class XgmiBackend : public Backend {
   int LocalOrdinal(const std::string& busId) const;
   bool PeerCapable(int a, int b) const;
   void EnablePeer(int a, int b);
+  // Enqueues copy-engine copies on `stream`: one cudaMemcpyBatchAsync where the runtime
+  // has it, else (or once it refused a batch) one cudaMemcpyAsync per copy. True: batched.
+  bool EnqueueCopyEngines(const std::vector<void*>& dsts, const std::vector<const void*>& srcs,
+                          const std::vector<size_t>& sizes, gpuStream_t stream);
 
   EngineContext& ctx_;
   XgmiBackendConfig config_;
@@ -124,6 +130,7 @@ class XgmiBackend : public Backend {
   mutable std::unordered_map<std::string, int> ordinals_;
   mutable std::map<std::pair<int, int>, bool> peerCapable_;
   std::set<std::pair<int, int>> peerEnabled_;
+  std::atomic<bool> copyBatchOk_{true};  // false once the runtime refused cudaMemcpyBatchAsync
 };
 
 }  // namespace mori::io::p2p
