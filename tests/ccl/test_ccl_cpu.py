@@ -210,12 +210,15 @@ def test_options_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MORI_CCL_ENGINE")
     with pytest.raises(ValueError, match=r"sm_blocks=129 must be in \[0, 128\]"):
         CclOptions.resolve(sm_blocks=129)
-    with pytest.raises(ValueError, match=r"ce_split=0 must be in \[1, 8\]"):
-        CclOptions.resolve(ce_split=0)
+    with pytest.raises(ValueError, match=r"ce_split=9 must be in \[0, 8\]"):
+        CclOptions.resolve(ce_split=9)
     monkeypatch.setenv("MORI_CCL_AR_CE_MIN_BYTES", "off")
     d = CclOptions.resolve()
     assert d.ar_ce_min_bytes == parse_bytes("never", "x") == NEVER_BYTES
     assert (d.blocks_for("allreduce"), d.blocks_for("allgather"), o.blocks_for("allgather")) == (128, 64, 16)
+    # copies in flight per peer: one for the all-to-all, two otherwise, unless given
+    assert (d.split_for("all2all"), d.split_for("allgather"), d.split_for("allreduce")) == (1, 2, 2)
+    assert CclOptions.resolve(ce_split=3).split_for("all2all") == 3
     monkeypatch.setenv("MORI_CCL_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="MORI_CCL_TIMEOUT_S='soon' is not a number of seconds"):
         CclOptions.resolve()

@@ -49,7 +49,7 @@ class GpuBackend:
             engine=opts.engine_code, ce_min_bytes=opts.ce_min_bytes, oneshot_max_bytes=opts.oneshot_max_bytes,
             ar_ce_min_bytes=opts.ar_ce_min_bytes, sm_blocks=opts.blocks_for(kind), sm_threads=opts.sm_threads,
             reduce_blocks=opts.reduce_blocks, timeout_s=opts.timeout_s, ce_batch=opts.ce_batch,
-            ce_signal_copy=opts.ce_signal == "copy", ce_split=opts.ce_split,
+            ce_signal_copy=opts.ce_signal == "copy", ce_split=opts.split_for(kind),
             ce_piece_min_bytes=opts.ce_piece_min_bytes,
         )
         try:
