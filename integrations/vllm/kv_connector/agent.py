@@ -349,10 +349,11 @@ class TransferAgent:
         """
         hit = self._async_peers.get(peer.key)
         if hit is None:
-            routes = {self.engine.route_of(a, b) for a in self.regions for b in peer.regions}
-            hit = self._async_peers[peer.key] = routes == {BackendType.XGMI}
-            if len(self._async_peers) > _MAX_PEERS:
-                self._async_peers.pop(next(iter(self._async_peers)))
+            hit = {self.engine.route_of(a, b) for a in self.regions for b in peer.regions} == {BackendType.XGMI}
+            with self.lock:  # threads of both sides ask; evict the oldest beyond _MAX_PEERS
+                if len(self._async_peers) >= _MAX_PEERS:
+                    self._async_peers.pop(next(iter(self._async_peers)))
+                self._async_peers[peer.key] = hit
         return hit
 
     def confirm(self, peers: Sequence[Peer]) -> None:
