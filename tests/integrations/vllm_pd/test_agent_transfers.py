@@ -82,8 +82,10 @@ def test_transfers_submitted_without_a_thread_hand_off() -> None:
             prefill, decode = threads[0], threads[1:]
             if mode == "read":
                 assert prefill == [] and all(t == ["MainThread"] for t in decode), threads
-            elif race:  # the request came before the forward: layer by layer through the writer
-                assert prefill and set(prefill) == {"mori-kv-writer"}, threads
+            elif race:
+                # The first decode rank's request came before the forward: layer by layer through the
+                # writer. The second rank's may come before or after it (then: written on arrival).
+                assert "mori-kv-writer" in prefill and set(prefill) <= {"mori-kv-writer", "mori-kv-ctl-tp0"}, threads
             else:  # each decode rank's request, written on arrival by the control thread
                 assert prefill == ["mori-kv-ctl-tp0"] * 2, threads
     finally:
