@@ -24,7 +24,9 @@ import numpy.typing as npt
 import zmq
 
 from mori_core.io import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, TcpBackendConfig, XgmiBackendConfig
+from mori_integrations.common.doorbell import DoorbellBoard, DoorbellError, DoorbellRing
 from mori_integrations.common.engine_setup import create_engine
+from mori_integrations.common.local_inbox import LocalSender, inbox_name, try_inbox
 from mori_integrations.common.segments import PlanError, TransferBatch
 from mori_integrations.vllm.kv_connector.config import ConnectorConfig, rank_port
 from mori_integrations.vllm.kv_connector.control import ControlServer, HandshakeError, Notifier, fetch_metadata
@@ -110,8 +112,11 @@ class TransferAgent:
         self.lock = threading.RLock()
         self.counters = TransferCounters()
         self._peers: Dict[str, Peer] = {}
+        self._key_by_desc: Dict[bytes, str] = {}  # packed EngineDesc -> its key
         self._peer_by_address: Dict[Address, Peer] = {}
         self._async_peers: Dict[str, bool] = {}  # engine key -> submits_async
+        self._rings: Dict[str, Optional[DoorbellRing]] = {}  # consumer engine key -> its board (None: none here)
+        self.doorbells: Optional[DoorbellBoard] = None
         self._closed = False
         self.control: Optional[ControlServer] = None
         self.heartbeat: Optional[ProxyHeartbeat] = None
@@ -151,6 +156,10 @@ class TransferAgent:
                 for r in layout.regions
             ]
             self.codec = make_codec(config.auth_secret)
+            inbox = None
+            if config.same_host_signals:
+                self.doorbells = DoorbellBoard.create(self.engine_key)
+                inbox = try_inbox(inbox_name(self.engine_key))
             self.handshake_port = rank_port(config.handshake_port, identity.dp_rank, identity.tp_size, identity.tp_rank)
             self.notify_port = rank_port(config.notify_port, identity.dp_rank, identity.tp_size, identity.tp_rank)
             self.metadata = AgentMetadata(
@@ -167,9 +176,11 @@ class TransferAgent:
                 group_block_sizes=list(identity.group_block_sizes),
                 notify_host=config.host_ip,
                 notify_port=self.notify_port,
+                doorbell=self.doorbells.name if self.doorbells is not None else "",
+                inbox=inbox.name if inbox is not None else "",
             )
             self.metadata_raw = encoded_metadata(self.metadata)  # what every WriteRequest carries
-            self.notifier = Notifier(self.codec, self.ctx)
+            self.notifier = Notifier(self.codec, self.ctx, LocalSender() if config.same_host_signals else None)
             self.pool = ThreadPoolExecutor(config.transfer_threads, thread_name_prefix=f"mori-kv-tp{identity.tp_rank}")
             self.producer = ProducerSide(self)
             self.consumer = ConsumerSide(self)
@@ -182,6 +193,7 @@ class TransferAgent:
                 lambda: self.metadata,
                 self._on_notify,
                 name=f"mori-kv-ctl-tp{identity.tp_rank}",
+                inbox=inbox,
             )
             self.watch = PeerWatch(self.codec, self.ctx, self.engine_key, self.consumer.watched_producers,
                                    self.consumer.on_producer_gone, name=f"mori-kv-watch-tp{identity.tp_rank}")
@@ -241,13 +253,24 @@ class TransferAgent:
 
     def peer_from_meta(self, meta: AgentMetadata) -> Peer:
         """The peer described by ``meta`` (its engine registered once)."""
-        desc = EngineDesc.unpack(meta.engine_desc)
+        with self.lock:  # every write request carries the same metadata: unpacked once per peer
+            key = self._key_by_desc.get(meta.engine_desc)
+        desc = None
+        if key is None:
+            desc = EngineDesc.unpack(meta.engine_desc)
+            key = desc.key
+            with self.lock:
+                if len(self._key_by_desc) >= _MAX_PEERS:
+                    self._key_by_desc.pop(next(iter(self._key_by_desc)))
+                self._key_by_desc[meta.engine_desc] = key
         with self.lock:
-            peer = self._peers.get(desc.key)
+            peer = self._peers.get(key)
             if peer is not None:
                 if peer.meta.instance != meta.instance:  # the same process learned its instance since
                     peer.meta = meta
                 return peer
+        if desc is None:
+            desc = EngineDesc.unpack(meta.engine_desc)
         try:
             regions = [MemoryDesc.unpack(b) for b in meta.regions]
         except (ValueError, RuntimeError, TypeError) as e:
@@ -356,6 +379,34 @@ class TransferAgent:
                 self._async_peers[peer.key] = hit
         return hit
 
+    def doorbell_of(self, peer: Peer) -> Optional[DoorbellRing]:
+        """``peer``'s doorbell board when it is on this host and can be opened, else None.
+
+        Opened once per peer process; a board that cannot be opened (another host, another
+        /dev/shm) is remembered as None, and that peer gets control messages only.
+        """
+        if not peer.meta.doorbell or not self.config.same_host_signals:
+            return None
+        with self.lock:
+            if peer.key in self._rings:
+                return self._rings[peer.key]
+        try:
+            ring: Optional[DoorbellRing] = DoorbellRing(peer.meta.doorbell, peer.key)
+        except DoorbellError as e:
+            logger.info("MoriSuiteConnector: no doorbell towards %s (control messages only): %s", peer.key, e)
+            ring = None
+        with self.lock:
+            if peer.key in self._rings:  # another thread opened it meanwhile
+                if ring is not None:
+                    ring.close()
+                return self._rings[peer.key]
+            if len(self._rings) >= _MAX_PEERS:
+                old = self._rings.pop(next(iter(self._rings)))
+                if old is not None:
+                    old.close()
+            self._rings[peer.key] = ring
+        return ring
+
     def confirm(self, peers: Sequence[Peer]) -> None:
         """These peers just proved alive (a transfer with them succeeded)."""
         now = time.monotonic()
@@ -458,6 +509,11 @@ class TransferAgent:
         notifier = getattr(self, "notifier", None)
         if notifier is not None:
             notifier.close()
+        if self.doorbells is not None:
+            self.doorbells.close()
+        for ring in self._rings.values():
+            if ring is not None:
+                ring.close()
         for desc in getattr(self, "regions", []):
             try:
                 self.engine.deregister_memory(desc)

@@ -14,7 +14,11 @@ Our additions: ``auth_secret`` (IO engine + control plane; default ``MORI_IO_AUT
 ``handshake_timeout`` (10 s), ``handshake_ttl`` (5 s: a cached handshake with a peer
 not heard from for longer is redone before it is used again), ``transfer_threads`` (4), ``tcp_num_connections`` (4),
 ``tcp_op_timeout_ms`` (10000), ``xgmi_proxy_blocks`` (0: the XGMI backend's resident copy kernel
-for small transfers, off; see docs/io.md).
+for small transfers, off; see docs/io.md), ``same_host_signals`` (true: peers on one host
+signal each other without ZMQ's thread wake-ups: a decode's write requests go to the prefill's
+Unix-datagram inbox, ``common.local_inbox``, and a prefill rings the decode's shared-memory
+doorbell when its writes completed, ``common.doorbell``; ZMQ messages remain the fallback and
+still follow).
 
 Unknown keys are ignored (other tools keep their own keys in the same dict); every
 known key with a bad value raises ``ValueError`` naming the key, the value and the limit.
@@ -69,6 +73,7 @@ class ConnectorConfig:
     tcp_num_connections: int
     tcp_op_timeout_ms: int
     xgmi_proxy_blocks: int
+    same_host_signals: bool
     http_port: Optional[int]
     proxy_ip: str
     proxy_ping_port: Optional[int]
@@ -113,6 +118,7 @@ class ConnectorConfig:
             tcp_num_connections=cfg.get_int("tcp_num_connections", 4, 1, 64),
             tcp_op_timeout_ms=cfg.get_int("tcp_op_timeout_ms", 10000, 10, 3_600_000),
             xgmi_proxy_blocks=cfg.get_int("xgmi_proxy_blocks", 0, 0, 64),
+            same_host_signals=cfg.get_bool("same_host_signals", True),
             http_port=cfg.get_int("http_port", None, 1, 65535),
             proxy_ip=proxy_ip,
             proxy_ping_port=ping_port,

@@ -4,7 +4,8 @@ Per request a :class:`_Recv` runs on a transfer thread: handshake with the produ
 ranks (cached, see :meth:`TransferAgent.fetch_peer`), then READ (pull the blocks with one
 engine batch per producer rank, wait, tell every producer rank it may free them) or WRITE
 (send every producer rank a :class:`WriteRequest`; the producer's :class:`WriteDone`
-messages finish it). Every wait is bounded: a READ by ``transfer_timeout``; a WRITE by
+messages finish it, or, from a producer on this host, its doorbell (``common.doorbell``),
+seen where vLLM polls (:meth:`ConsumerSide.take_results`) without any thread wake-up). Every wait is bounded: a READ by ``transfer_timeout``; a WRITE by
 ``recv_abort_timeout``, after which no producer write can still start (their start budget
 ends earlier) and none can still run (each ends within ``transfer_timeout`` of its start),
 so the blocks may be reused. A WRITE whose producer process is gone (dead, or restarted on
@@ -25,6 +26,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from mori_integrations.common.doorbell import short_timer_slack
 from mori_integrations.common.segments import PlanError, await_statuses
 from mori_integrations.vllm.kv_connector.control import HandshakeError
 from mori_integrations.vllm.kv_connector.messages import ConsumerDone, WriteDone, WriteRequest
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["ConsumerSide", "RecvResult"]
 
 logger = logging.getLogger(__name__)
+
+_POLL_S = 20e-6  # wait_ended's polling interval while a request is in flight
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +70,7 @@ class _Recv:
     requested_at: float = 0.0
     abort_sent: bool = False  # WRITE: every producer was told to stop
     write_dones: Dict[int, WriteDone] = dataclasses.field(default_factory=dict)
+    bells: List[Optional[Tuple[int, int]]] = dataclasses.field(default_factory=list)  # per producer rank: (slot, seq)
     aborted: bool = False
     result: Optional[RecvResult] = None
 
@@ -127,6 +132,7 @@ class ConsumerSide:
         now = time.monotonic()
         out: List[RecvResult] = []
         with self._agent.lock:
+            self._poll_bells()
             for tid, recv in list(self._recvs.items()):
                 if recv.result is None and recv.requested and now > recv.deadline:
                     self._finish(recv, False, f"no KV from the prefill within recv_abort_timeout "
@@ -144,10 +150,25 @@ class ConsumerSide:
         """Block (bounded) until some request's outcome is ready for :meth:`take_results`.
 
         vLLM polls every step and never needs this; tests and the benchmark use it to see an
-        outcome when it happens instead of sleeping between polls. True when one is ready.
+        outcome when it happens. While a request is in flight it polls as vLLM's step loop
+        does (every ~20 us: a doorbell rings no thread, and the outcome a transfer thread
+        records is seen without waking this one), else it sleeps until woken. True when an
+        outcome is ready.
         """
+        deadline = time.monotonic() + timeout_s
         with self._ended:
-            return self._ended.wait_for(lambda: any(r.result is not None for r in self._recvs.values()), timeout_s)
+            while True:
+                self._poll_bells()
+                if any(r.result is not None for r in self._recvs.values()):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if self._recvs:
+                    short_timer_slack()
+                    self._ended.wait(min(left, _POLL_S))
+                else:
+                    self._ended.wait(left)
 
     # ------------------------------------------------------ producer events
     def on_write_done(self, note: WriteDone) -> None:
@@ -200,6 +221,29 @@ class ConsumerSide:
                         producer_key=key))
 
     # ------------------------------------------------------------ internals
+    def _poll_bells(self) -> None:
+        """Count producer ranks whose doorbell rang as ended (lock held)."""
+        board = self._agent.doorbells
+        if board is None:
+            return
+        for recv in list(self._recvs.values()):
+            if recv.result is not None or not recv.requested or recv.producers is None:
+                continue
+            for rank, bell in enumerate(recv.bells):
+                if bell is None or rank in recv.write_dones:
+                    continue
+                rung = board.rung(*bell)
+                if rung is None:
+                    continue
+                peer = recv.producers[rank]
+                self._agent.trace.mark(recv.job.transfer_id, "doorbell_seen")
+                self._agent.confirm([peer])
+                self._record_write_done(recv, WriteDone(
+                    transfer_id=recv.job.transfer_id, producer_rank=rank, producer_tp=len(recv.producers), ok=True,
+                    nbytes=rung[0], elapsed_us=rung[1], producer_key=peer.key))
+                if recv.result is not None:
+                    break
+
     def _record_write_done(self, recv: _Recv, note: WriteDone) -> None:
         """Count one producer rank as ended; finish the request once every rank is (lock held)."""
         recv.write_dones[note.producer_rank] = note
@@ -325,10 +369,11 @@ class ConsumerSide:
         else:  # the peer may have died or restarted: handshake again next time
             for address, peer in zip(recv.addresses, producers):
                 agent.forget(address, peer.key)
+        ok = reason is None
         with agent.lock:
-            ok = reason is None
-            self._notify_producers(recv, ok=ok, nbytes_by_rank=nbytes_by_rank if ok else {}, reason=reason or "")
             self._finish(recv, ok, reason or "", nbytes=sum(nbytes_by_rank.values()), transfer_ms=ms)
+        # After the outcome is visible: encoding and queueing these cost tens of us per producer.
+        self._notify_producers(recv, ok=ok, nbytes_by_rank=nbytes_by_rank if ok else {}, reason=reason or "")
 
     def _request_writes(self, recv: _Recv, producers: List["Peer"]) -> None:
         agent, job = self._agent, recv.job
@@ -343,12 +388,17 @@ class ConsumerSide:
             transfer_id=job.transfer_id, consumer=agent.metadata_raw, block_ids=block_ids, positions=positions,
             budget_ms=budget_ms,
         )
+        board = agent.doorbells
         with agent.lock:
             if recv.result is not None:
                 return
-            for peer in producers:  # each rank's request names the process we handshook with
+            recv.bells = [board.acquire() if board is not None else None for _ in producers]
+            for peer, bell in zip(producers, recv.bells):  # each rank's request names the process we handshook with
+                slot, seq = bell if bell is not None else (-1, 0)
                 agent.notifier.send(peer.meta.notify_host, peer.meta.notify_port,
-                                    msgspec.structs.replace(request, producer_key=peer.key))
+                                    msgspec.structs.replace(request, producer_key=peer.key, doorbell_slot=slot,
+                                                            doorbell_seq=seq),
+                                    inbox=peer.meta.inbox)
             recv.requested, recv.requested_at = True, time.monotonic()
         agent.trace.mark(job.transfer_id, "write_request_sent")
 
@@ -385,6 +435,10 @@ class ConsumerSide:
         """Record the outcome (lock held); the next :meth:`take_results` reports it."""
         if recv.result is not None:
             return
+        board = self._agent.doorbells
+        for bell in recv.bells:
+            if bell is not None and board is not None:
+                board.release(bell[0])
         ok = ok and not recv.aborted
         counters = self._agent.counters
         if ok:

@@ -115,6 +115,12 @@ class AgentMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     notify_port: Port
     # The server process (its scheduler's nonce, ``remote_instance_id``); "" until the worker ran a step.
     instance: EngineKey = ""
+    # Its same-host doorbell board (common.doorbell; "" = none): a producer on this host rings it
+    # when its writes completed, ahead of the WriteDone message.
+    doorbell: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    # Its same-host inbox (common.local_inbox; "" = none): a consumer on this host sends it its
+    # write requests there, one thread wake-up instead of ZMQ's three.
+    inbox: Annotated[str, msgspec.Meta(max_length=64)] = ""
 
     def validate(self) -> None:
         for layer in self.layers:
@@ -139,6 +145,8 @@ class WriteRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``block_ids[g][0]``: blocks before it are the consumer's own prefix-cache hits.
     The producer may start writes until ``budget_ms`` after it received this message.
     ``producer_key``: the producer engine the consumer handshook with (another one refuses).
+    ``doorbell_slot`` / ``doorbell_seq``: where on the consumer's doorbell board a producer on
+    the same host signals success (-1: nowhere); the WriteDone message follows regardless.
     """
 
     transfer_id: TransferId
@@ -147,6 +155,8 @@ class WriteRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     positions: Annotated[List[NonNeg], msgspec.Meta(max_length=MAX_GROUPS)]
     budget_ms: Annotated[int, msgspec.Meta(ge=0, le=86_400_000)]
     producer_key: EngineKey = ""
+    doorbell_slot: Annotated[int, msgspec.Meta(ge=-1, le=(1 << 31))] = -1
+    doorbell_seq: NonNeg = 0
 
     @property
     def consumer_meta(self) -> AgentMetadata:

@@ -37,6 +37,7 @@ from mori_integrations.vllm.kv_connector.planner import pair_blocks
 from mori_integrations.vllm.kv_connector.tp_mapping import cached_head_pairs
 
 if TYPE_CHECKING:
+    from mori_integrations.common.doorbell import DoorbellRing
     from mori_integrations.vllm.kv_connector.agent import Peer, TransferAgent
 
 __all__ = ["ProducerSide"]
@@ -64,6 +65,7 @@ class _Target:
     ended: bool = False
     blocks: Optional[List[Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]] = None
     pairs: Optional[Sequence[Tuple[int, int]]] = None
+    bell: Optional[DoorbellRing] = None  # the consumer's doorbell board, when it is on this host
 
     @property
     def rank(self) -> int:
@@ -184,6 +186,7 @@ class ProducerSide:
             return
         try:
             peer = self._agent.peer_from_meta(consumer)
+            bell = self._agent.doorbell_of(peer) if request.doorbell_slot >= 0 else None
         except (HandshakeError, ValueError, RuntimeError) as e:
             logger.warning("MoriSuiteConnector: write request for %s refused: %s", request.transfer_id, e)
             self._reply(consumer.notify_host, consumer.notify_port, request.transfer_id, False, 0, 0, str(e))
@@ -196,11 +199,17 @@ class ProducerSide:
                 return
             send = self._get(request.transfer_id, now)
             send.expected = consumer.tp_size
-            if consumer.tp_rank in send.targets or consumer.tp_rank in send.accounted:
+            if consumer.tp_rank in send.targets:
                 logger.warning("MoriSuiteConnector: duplicate write request for %s ignored", request.transfer_id)
                 return
+            if consumer.tp_rank in send.accounted:
+                # That rank already said it needs nothing more (its abort overtook this request: they
+                # may take different wires, see common.local_inbox). It waits for a WriteDone.
+                self._reply(consumer.notify_host, consumer.notify_port, request.transfer_id, False, 0, 0,
+                            "the decode rank had already released this request")
+                return
             target = _Target(request=request, consumer=consumer, peer=peer,
-                             budget_end=now + request.budget_ms / 1000.0)
+                             budget_end=now + request.budget_ms / 1000.0, bell=bell)
             send.targets[consumer.tp_rank] = target
             if send.finished is not None and send.finished.aborted:
                 target.abort = "the prefill request was aborted"
@@ -330,6 +339,12 @@ class ProducerSide:
         ok = target.failure is None and target.abort is None
         reason = target.failure or target.abort or ""
         consumer = target.consumer
+        if ok and target.bell is not None:  # first: the consumer sees it without any thread waking up
+            try:
+                target.bell.ring(target.request.doorbell_slot, target.request.doorbell_seq, target.nbytes, elapsed_us)
+                self._agent.trace.mark(send.transfer_id, "doorbell_rung")
+            except ValueError as e:  # a slot outside the board: the WriteDone below still tells it
+                logger.warning("MoriSuiteConnector: doorbell of %s not rung: %s", send.transfer_id, e)
         self._agent.trace.mark(send.transfer_id, "write_done_sent")
         self._reply(consumer.notify_host, consumer.notify_port, send.transfer_id, ok, target.nbytes if ok else 0,
                     elapsed_us, reason)

@@ -88,6 +88,10 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
         # submit from the control thread (prefill) and from the model thread (decode) run over
         # TCP, whose submit then blocks those threads for the transfer (correct, only slower).
         agent.submits_async = lambda peer: True
+    if spec.get("drop_write_done"):
+        # Tests: this decode never hears a WriteDone message, so only the prefill's doorbell
+        # can finish its WRITEs (a failed write then ends at recv_abort_timeout).
+        agent.consumer.on_write_done = lambda note: None
     if spec.get("submit_inline") or spec.get("record_submit_threads"):
         import threading
 
@@ -194,7 +198,7 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
     handlers = {
         "info": lambda _: {"engine_key": agent.engine_key, "handshake_port": agent.handshake_port,
                            "notify_port": agent.notify_port, "backends": agent.backends,
-                           "instance": agent.metadata.instance},
+                           "instance": agent.metadata.instance, "doorbell": getattr(agent.metadata, "doorbell", "")},
         "fill": fill,
         "read": lambda arg: block_heads(kv[arg[0]], arg[1], ratio),
         "send": send,
@@ -210,6 +214,7 @@ def _serve(pipe: Any, spec: Dict[str, Any]) -> None:
         "pending": lambda _: (agent.producer.has_pending(), agent.consumer.has_pending()),
         "peer_routes": lambda _: agent.peer_routes(),
         "submit_threads": lambda _: list(submit_threads),
+        "inbox_messages": lambda _: getattr(agent.control, "inbox_messages", 0),
     }
     pipe.send("ready")
     while True:
@@ -233,6 +238,7 @@ class AgentProcess(SpawnedProcess):
     env (environment variables set before the agent's engine is made, e.g. ``MORI_IO_XGMI_*``).
     submit_inline (tests: take every route for one that submits without blocking, see ``_serve``),
     record_submit_threads (tests: the ``submit_threads`` command names the threads that wrote / read).
+    drop_write_done (tests: the agent ignores WriteDone messages; only doorbells finish its WRITEs).
     instance_id (the server instance's nonce, as vLLM's scheduler would hand it; default: a fresh one).
     """
 

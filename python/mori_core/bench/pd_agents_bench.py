@@ -155,6 +155,9 @@ _WRITE_PHASES = [
     ("prefill: done -> WriteDone sent", ("p", "statuses_done", 1), ("p", "write_done_sent", 1)),
     ("control: WriteDone to the decode", ("p", "write_done_sent", 1), ("d", "write_done_received", 1)),
     ("decode: WriteDone -> outcome", ("d", "write_done_received", 1), ("d", "result", 1)),
+    ("doorbell: copy done seen -> rung", ("p", "statuses_done", 1), ("p", "doorbell_rung", 1)),
+    ("doorbell: rung -> seen by the decode", ("p", "doorbell_rung", 1), ("d", "doorbell_seen", 1)),
+    ("decode: doorbell seen -> outcome", ("d", "doorbell_seen", 1), ("d", "result", 1)),
     ("total: job -> outcome", ("d", "recv_start", 0), ("d", "result", 1)),
 ]
 _PIPELINED_PHASES = [
@@ -164,6 +167,8 @@ _PIPELINED_PHASES = [
     ("prefill: done -> WriteDone sent", ("p", "statuses_done", 1), ("p", "write_done_sent", 1)),
     ("control: WriteDone to the decode", ("p", "write_done_sent", 1), ("d", "write_done_received", 1)),
     ("decode: WriteDone -> outcome", ("d", "write_done_received", 1), ("d", "result", 1)),
+    ("doorbell: rung -> seen by the decode", ("p", "doorbell_rung", 1), ("d", "doorbell_seen", 1)),
+    ("decode: doorbell seen -> outcome", ("d", "doorbell_seen", 1), ("d", "result", 1)),
 ]
 _READ_PHASES = [
     ("decode: job -> peer known (cached handshake)", ("d", "recv_start", 0), ("d", "handshake_done", 0)),

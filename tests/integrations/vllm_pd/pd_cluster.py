@@ -45,10 +45,11 @@ class Server:
 
     def __init__(self, name: str, tp: int, shape: Shape = Shape(), devices: Optional[Sequence[str]] = None,
                  layout: str = "LBHNC", extra: Optional[Dict] = None, ports: Optional[Tuple[int, int]] = None,
-                 submit_inline: bool = False, record_threads: bool = False) -> None:
+                 submit_inline: bool = False, record_threads: bool = False, drop_write_done: bool = False) -> None:
         """``ports``: (handshake, notify) base ports, e.g. a dead server's to start in its place.
         ``submit_inline``: the agents take every route for XGMI's; ``record_threads``: they record
-        which threads wrote or read KV (the ``submit_threads`` command; see ``pd_agents._serve``)."""
+        which threads wrote or read KV (the ``submit_threads`` command; see ``pd_agents._serve``);
+        ``drop_write_done``: they ignore WriteDone messages (only doorbells can finish a WRITE)."""
         self.name, self.tp, self.shape = name, tp, shape
         self.base = ports or (free_port_block(tp), free_port_block(tp))
         cfg = {"backend": "tcp", "host_ip": "127.0.0.1", "handshake_port": self.base[0],
@@ -62,7 +63,8 @@ class Server:
                     engine_id=name, tp_rank=r, tp_size=tp, total_heads=shape.total_heads, layers=shape.layers,
                     num_blocks=shape.blocks, heads=max(1, shape.total_heads // tp), tokens=shape.tokens,
                     content=shape.content, dtype=shape.dtype, layout=layout, device=devices[r], extra=cfg,
-                    instance_id=self.instance, submit_inline=submit_inline, record_submit_threads=record_threads)))
+                    instance_id=self.instance, submit_inline=submit_inline, record_submit_threads=record_threads,
+                    drop_write_done=drop_write_done)))
         except BaseException:
             self.close()
             raise

@@ -100,3 +100,24 @@ def test_gpu_transfers_submitted_without_a_thread_hand_off(gpus) -> None:
             assert prefill == ["mori-kv-ctl-tp0"] and decode == [], (prefill, decode)
         else:
             assert prefill == [] and decode == ["MainThread"], (prefill, decode)
+
+
+def test_gpu_write_finished_by_the_doorbell_alone(gpus) -> None:
+    """Over XGMI, a decode that drops every WriteDone message still finishes its WRITEs: the
+    prefill rings its shared-memory doorbell once the copies completed on the GPU, and the
+    write requests reach the prefill through its same-host inbox. Bytes checked head by head."""
+    src = gpus["P"]
+    other = "cuda:1" if gpus["D"].ranks[0].spec["device"] == "cuda:1" else "cuda:0"
+    deaf = Server(f"gpu-decode-deaf-{other}", 1, SHAPE, [other], extra=XGMI, drop_write_done=True)
+    try:
+        for race in (False, True):
+            inbox_before = src.ranks[0].call("inbox_messages")
+            results, released, sb, db, req = transfer(src, deaf, "write", n=6, skip=1, pipelined_race=race)
+            assert all(r.ok for r in results), (race, results)
+            assert released == [[req]]
+            check_moved(src, deaf, sb[1:], db[1:])
+            assert deaf.zero(db[:1])
+            assert src.ranks[0].call("inbox_messages") == inbox_before + 1, "the write request did not use the inbox"
+            assert set(_routes(src).values()) == {"XGMI"}
+    finally:
+        deaf.close()

@@ -7,6 +7,7 @@ faked (see :mod:`pd_cluster`). Bytes are compared head by head.
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Iterator
 
 import pytest
@@ -88,6 +89,54 @@ def test_transfers_submitted_without_a_thread_hand_off() -> None:
                 assert "mori-kv-writer" in prefill and set(prefill) <= {"mori-kv-writer", "mori-kv-ctl-tp0"}, threads
             else:  # each decode rank's request, written on arrival by the control thread
                 assert prefill == ["mori-kv-ctl-tp0"] * 2, threads
+    finally:
+        for s in made.values():
+            s.close()
+
+
+def _phases(server: Server, tid: str) -> list:
+    return [sorted(r.call("trace", ("take", tid))) for r in server.ranks]
+
+
+def test_same_host_write_requests_and_doorbells() -> None:
+    """A decode sends its write requests to the prefill's same-host inbox, and a prefill on the
+    decode's host rings the decode's doorbell (shared memory) when its writes completed. A decode that drops every WriteDone message (``drop_write_done``) still finishes
+    its WRITEs, from the doorbells alone. Without a board (switched off, or one the prefill
+    cannot open, as from another host) nothing rings and the WriteDone messages finish the
+    request. The bytes are checked head by head every time."""
+    made: Dict[str, Server] = {}
+    try:
+        made["P2"] = Server("prefill-bell", 2)
+        for i, r in enumerate(made["P2"].ranks):
+            r.call("fill", 20 + i)
+        made["D2"] = Server("decode-bell", 2, drop_write_done=True)
+        made["Doff"] = Server("decode-nobell", 1, extra={"same_host_signals": False})
+        made["Dgone"] = Server("decode-gone", 1)
+        p = made["P2"]
+        board = made["Dgone"].ranks[0].call("info")["doorbell"]
+        assert board.startswith("mori-bell-"), board
+        os.unlink(os.path.join("/dev/shm", board))  # the prefill cannot open it now
+        assert made["Doff"].ranks[0].call("info")["doorbell"] == ""
+        for name, rung in (("D2", True), ("Doff", False), ("Dgone", False)):
+            d = made[name]
+            for r in p.ranks + d.ranks:
+                r.call("trace", ("on", None))
+            for race in (False, True):
+                inbox_before = [r.call("inbox_messages") for r in p.ranks]
+                results, released, sb, db, req = transfer(p, d, "write", n=4, skip=1, pipelined_race=race)
+                # Write requests came through the prefill ranks' inboxes unless the decode opted out.
+                inbox = [r.call("inbox_messages") - b for r, b in zip(p.ranks, inbox_before)]
+                assert inbox == [0 if name == "Doff" else d.tp] * p.tp, (name, race, inbox)
+                assert all(r.ok for r in results), (name, race, results)
+                assert released == [[req]] * p.tp, (name, race, released)
+                check_moved(p, d, sb[1:], db[1:])
+                assert d.zero(db[:1])
+                tid = req[len("p-"):]
+                decode, prefill = _phases(d, tid), _phases(p, tid)
+                assert all(("doorbell_seen" in ph) == rung for ph in decode), (name, race, decode)
+                assert all(("doorbell_rung" in ph) == rung for ph in prefill), (name, race, prefill)
+                if rung:  # each decode rank finished only from the bells of both prefill ranks
+                    assert all(r.nbytes > 0 for r in results), results
     finally:
         for s in made.values():
             s.close()

@@ -198,3 +198,57 @@ def test_unauthenticated_side_channel_beyond_loopback_warns_at_start(caplog) -> 
         ctx.term()
         warned = [r for r in caplog.records if "without authentication" in r.getMessage()]
         assert len(warned) == (1 if expect else 0), (secret, bind, warned)
+
+
+def test_the_same_host_inbox_checks_what_the_notify_port_checks(caplog) -> None:
+    """The same-host inbox (common.local_inbox) is another wire to the same decoder: with a
+    secret, 10,000 hostile datagrams (the frames above, unsigned or for another port, plus
+    broken framing) deliver nothing, log a few lines and leave it serving; a signed
+    notification for this notify port comes through it; a peer with no inbox here makes the
+    sender fall back to ZMQ."""
+    from mori_integrations.common.local_inbox import LocalSender, inbox_name, pack_frames, try_inbox
+    from mori_integrations.vllm.kv_connector.control import Notifier
+
+    delivered: list = []
+    hport, nport = _free_ports(2)
+    ctx = zmq.Context()
+    name = inbox_name(f"test-inbox-{hport}")
+    inbox = try_inbox(name)
+    assert inbox is not None
+    server = ControlServer(make_codec("s3cret"), ctx, "127.0.0.1", hport, nport, _metadata, delivered.append,
+                           "test-inbox", inbox=inbox)
+    sender = LocalSender()
+    try:
+        caplog.set_level(logging.WARNING)
+        rng = random.Random(5)
+        hostile = _hostile_frames(rng, make_codec("").encode(_done(0)), 9_000)
+        other_port = make_codec("s3cret").encode(_done(7), recipient=notify_recipient("127.0.0.1", nport + 1))
+        sent = 0
+        for frames in hostile + [other_port] * 500:
+            sent += sender.send(name, frames)
+        for junk in (b"", b"MKI1", b"MKI1\x02\x00\x05\x00\x00\x00", pack_frames([b"a"])[:-1]) * 125:
+            sent += sender.send(name, [junk])  # a datagram whose payload is not one of ours
+        assert sent > 1_000, f"only {sent} datagrams were queued"
+        signed = make_codec("s3cret").encode(_done(99), recipient=notify_recipient("127.0.0.1", nport))
+        deadline = time.monotonic() + 30
+        while not sender.send(name, signed) and time.monotonic() < deadline:  # the queue may be full for a while
+            time.sleep(0.01)
+        while not delivered and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert delivered == [_done(99)], f"{len(delivered)} delivered"
+        assert server.inbox_messages == 1
+        lines = [r for r in caplog.records if "dropped a control message" in r.getMessage()]
+        assert 1 <= len(lines) <= 3, f"{len(lines)} log lines for {sent} bad datagrams"
+        # No inbox of that name on this host: the notifier falls back to the notify port (ZMQ).
+        notifier = Notifier(make_codec("s3cret"), ctx, LocalSender())
+        try:
+            assert notifier.send("127.0.0.1", nport, _done(100), inbox=inbox_name("no-such-engine"))
+            while len(delivered) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert delivered[1:] == [_done(100)] and server.inbox_messages == 1
+        finally:
+            notifier.close()
+    finally:
+        sender.close()
+        server.close()
+        ctx.term()

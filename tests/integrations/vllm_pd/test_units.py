@@ -204,6 +204,8 @@ def test_write_request_carries_the_consumer_metadata_encoded_once() -> None:
         positions: list
         budget_ms: int
         producer_key: str = ""
+        doorbell_slot: int = -1
+        doorbell_seq: int = 0
 
     assert msgspec.msgpack.encode(Nested("t", meta, [[1, 2]], [0], 5)) == msgspec.msgpack.encode(req)
     bad = msgspec.structs.replace(meta, tp_rank=3)  # out of range for tp_size 1
