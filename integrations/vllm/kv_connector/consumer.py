@@ -401,6 +401,8 @@ class ConsumerSide:
                                     inbox=peer.meta.inbox)
             recv.requested, recv.requested_at = True, time.monotonic()
         agent.trace.mark(job.transfer_id, "write_request_sent")
+        if agent.control is not None:  # WriteDone messages will follow (a doorbell may beat them)
+            agent.control.expect()
 
     def _release(self, job: RecvJob) -> None:
         """Nothing to move (full local prefix hit, or aborted before allocation): free the producer's blocks."""

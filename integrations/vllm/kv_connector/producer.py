@@ -172,6 +172,8 @@ class ProducerSide:
                 for target in send.targets.values():
                     self._enqueue_rest(send, target, event)
             self._step = []
+        if self._agent.control is not None:  # the decodes' write requests may come any moment now
+            self._agent.control.expect()
 
     # --------------------------------------------------- consumer messages
     def on_write_request(self, request: WriteRequest) -> None:
@@ -447,6 +449,7 @@ class ProducerSide:
                     target.failure = f"KV layouts of prefill and decode cannot be paired: {e}"
                     skip = True
         if not skip:
+            trace.mark(send.transfer_id, "prepared")
             t_submit = time.monotonic()  # TCP sends from this thread inside submit(): time it from here
             batch = agent.plan(target.peer, True, target.blocks, target.pairs, item.layers)
             trace.mark(send.transfer_id, "planned")

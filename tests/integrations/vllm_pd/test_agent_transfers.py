@@ -106,7 +106,7 @@ def test_same_host_write_requests_and_doorbells() -> None:
     request. The bytes are checked head by head every time."""
     made: Dict[str, Server] = {}
     try:
-        made["P2"] = Server("prefill-bell", 2)
+        made["P2"] = Server("prefill-bell", 2, extra={"control_spin_ms": 300})  # its control threads spin too
         for i, r in enumerate(made["P2"].ranks):
             r.call("fill", 20 + i)
         made["D2"] = Server("decode-bell", 2, drop_write_done=True)

@@ -252,3 +252,40 @@ def test_the_same_host_inbox_checks_what_the_notify_port_checks(caplog) -> None:
         sender.close()
         server.close()
         ctx.term()
+
+
+def test_control_thread_spins_only_after_expect_and_delivers_throughout() -> None:
+    """``expect()`` makes the control thread poll (no blocking sleep) for ``spin_s`` after it,
+    and after every message it handles; then it blocks again. Notifications arrive in order
+    while it spins, after it went back to sleep, and when expect() wakes it from a blocking poll."""
+    delivered: list = []
+    hport, nport = _free_ports(2)
+    ctx = zmq.Context()
+    server = ControlServer(make_codec(""), ctx, "127.0.0.1", hport, nport, _metadata, delivered.append,
+                           "test-spin", spin_s=0.3)
+    push = _push(ctx, nport, "")
+    to_me = notify_recipient("127.0.0.1", nport)
+
+    def wait_for(cond, timeout=10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return cond()
+
+    try:
+        assert wait_for(lambda: server._blocked), "a fresh server must sleep in a blocking poll"
+        server.expect()
+        assert wait_for(lambda: not server._blocked, 1.0), "expect() did not wake the thread"
+        for i in range(20):
+            push.send_multipart(make_codec("").encode(_done(i), recipient=to_me))
+            time.sleep(0.01)
+        assert wait_for(lambda: len(delivered) == 20)
+        assert not server._blocked  # still inside the window the last message opened
+        assert wait_for(lambda: server._blocked, 2.0), "the thread kept spinning after its window"
+        push.send_multipart(make_codec("").encode(_done(20), recipient=to_me))
+        assert wait_for(lambda: len(delivered) == 21)
+        assert delivered == [_done(i) for i in range(21)]
+    finally:
+        push.close(0)
+        server.close()
+        ctx.term()
