@@ -14,9 +14,13 @@
 // is published as total_recv, and the counter is reset for round + 2 (counters
 // alternate by round parity, so back-to-back dispatches never race a reset).
 //
-// Standard-MoE mode (dispatch_standard_moe, kStd): the plan kernel
-// (ep_standard_moe.cu) already ranked this rank's tokens per expert and published
-// the per-expert counts to every rank. The rows travel exactly as in a plain
+// Standard-MoE mode (dispatch_standard_moe, kStd != kStdOff): either the plan
+// kernel (ep_standard_moe.cu) already ranked this rank's tokens per expert and
+// published the per-expert counts to every rank (kStdPlanned), or this kernel
+// ranks them itself and the block of the last token sends the per-expert counts
+// to every rank before its arrival, so they reach each peer before this rank's
+// round signal (kStdFused, ep_std_layout.cuh: one launch and one cross-rank
+// signal fewer). The rows travel exactly as in a plain
 // dispatch (once per destination rank, into its 2-D receive buffer); in addition
 // every (slot, k) of a local expert of the destination carries the row's position
 // among this rank's rows of that expert (std_rel). The expand kernel on the
@@ -42,7 +46,7 @@ struct DispatchUnroll {
   static constexpr int value = kWorld <= 4 ? 8 : 4;
 };
 
-template <int kWorld, bool kStd>
+template <int kWorld, int kStd>
 __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKernelArgs a, DispatchParams p) {
   extern __shared__ int4 smem_raw[];
   const int T = blockDim.x, tid = threadIdx.x, lane = LaneId();
@@ -52,10 +56,12 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   int32_t* s_warp_off = reinterpret_cast<int32_t*>(s_mask + T);  // [32][kWorld]
   int32_t* s_base = s_warp_off + 32 * kWorld;                    // [kWorld]
   int* s_flag = s_base + kWorld;
+  const EpGeometry& g = a.geo;
   // standard MoE only: [T][topk] position of each (token, k) among this rank's rows of expert k
   int32_t* s_rel = s_flag + 4;
+  // kStdFused only: [num_experts] this rank's tokens before the current round, per expert
+  int32_t* s_cnt = s_rel + T * g.topk;
 
-  const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
   const uint32_t round = st->dispatch_epoch + 1;
@@ -64,6 +70,14 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   const int world = g.world, n = p.num_tokens, vecs = p.row_bytes / 16;
   const int chunk = (n + gridDim.x - 1) / gridDim.x;
   const int begin = min(n, static_cast<int>(blockIdx.x) * chunk), end = min(n, begin + chunk);
+  // kStdFused: this dispatch's token bitmaps (parity of the standard-MoE dispatches so far)
+  const uint32_t plan_parity = kStd == kStdFused ? (st->std_plans & 1) : 0;
+  uint32_t* plan_bits = a.std.plan_bits + static_cast<size_t>(plan_parity) * g.num_experts * g.tok_words;
+  if constexpr (kStd == kStdFused) {
+    MORI_PROF_BEGIN(a, kProfStdPlan, round);
+    StdFusedStart(a, p.indices, begin, plan_parity, s_cnt);
+    MORI_PROF_END(a, kProfStdPlan, round);
+  }
 
   for (int r0 = begin; r0 < end; r0 += T) {
     MORI_PROF_BEGIN(a, kProfDispatchRoute, round);
@@ -74,7 +88,11 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       const int32_t* ids = p.indices + static_cast<size_t>(r0 + tid) * g.topk;
       for (int k = 0; k < g.topk; ++k) {
         const int e = ids[k];
-        if (e >= 0 && e < g.num_experts) mask |= 1u << (e / g.experts_per_rank);
+        if (e >= 0 && e < g.num_experts) {
+          mask |= 1u << (e / g.experts_per_rank);
+          if constexpr (kStd == kStdFused)
+            atomicOr(plan_bits + static_cast<size_t>(e) * g.tok_words + ((r0 + tid) >> 5), 1u << ((r0 + tid) & 31));
+        }
       }
       a.buf.token_mask[r0 + tid] = mask;
     }
@@ -104,6 +122,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     }
     __syncthreads();
     // 3. slot of each token on each destination
+    uint64_t std_firsts = 0;  // kStdFused: this token's k entries to count once the round is ranked
     if (tid < cnt) {
       const size_t t = static_cast<size_t>(r0 + tid);
 #pragma unroll
@@ -121,10 +140,17 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
           a.buf.dest_slot[t * world + r] = slot;
         }
       }
-      if constexpr (kStd)
+      if constexpr (kStd == kStdPlanned)
         StdTokenRel(a, (st->std_plans + 1) & 1, static_cast<int>(t), p.indices + t * g.topk, s_rel + tid * g.topk);
+      if constexpr (kStd == kStdFused)
+        std_firsts = StdTokenRelFused(a, plan_bits, s_cnt, r0, static_cast<int>(t), p.indices + t * g.topk,
+                                      s_rel + tid * g.topk);
     }
     __syncthreads();
+    if constexpr (kStd == kStdFused) {  // read again only after the next round's barriers
+      for (int k = 0; std_firsts != 0; ++k, std_firsts >>= 1)
+        if (std_firsts & 1) atomicAdd(s_cnt + p.indices[static_cast<size_t>(r0 + tid) * g.topk + k], 1);
+    }
     MORI_PROF_END(a, kProfDispatchRoute, round);
     MORI_PROF_BEGIN(a, kProfDispatchCopy, round);
     // 4. copy (token, slice) items; slices keep all warps busy when tokens are few
@@ -162,7 +188,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       if (part != 0) continue;
       // standard MoE: lane k knows entry k's position among this rank's rows of its expert and the
       // rank that expert lives on
-      const int my_rel = kStd && lane < g.topk ? s_rel[li * g.topk + lane] : -1;
+      const int my_rel = kStd != kStdOff && lane < g.topk ? s_rel[li * g.topk + lane] : -1;
       const int my_rank = my_rel >= 0 ? p.indices[t * g.topk + lane] / g.experts_per_rank : -1;
 #pragma unroll
       for (int r = 0; r < kWorld; ++r) {
@@ -172,7 +198,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
           if (p.weights)
             Peer(a, a.buf.dispatch_out_weights, r)[slot * g.topk + lane] = p.weights[t * g.topk + lane];
           Peer(a, a.buf.dispatch_out_indices, r)[slot * g.topk + lane] = p.indices[t * g.topk + lane];
-          if (kStd) Peer(a, a.std.std_rel, r)[slot * g.topk + lane] = my_rank == r ? my_rel : -1;
+          if (kStd != kStdOff) Peer(a, a.std.std_rel, r)[slot * g.topk + lane] = my_rank == r ? my_rel : -1;
         }
         if (p.scales)
           CopySmall(Peer(a, a.buf.dispatch_out_scales, r) + slot * g.scale_bytes, p.scales + t * g.scale_bytes,
@@ -182,6 +208,15 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     }
     __syncthreads();
     MORI_PROF_END(a, kProfDispatchCopy, round);
+  }
+
+  if constexpr (kStd == kStdFused) {
+    // The block of the last token (block 0 without tokens) has counted them all: every rank gets
+    // this rank's counts of its experts, ordered before the round signal by the arrival below.
+    if (static_cast<int>(blockIdx.x) == (n > 0 ? (n - 1) / chunk : 0)) {
+      int32_t* mine = a.buf.std_counts + (static_cast<size_t>(round & 1) * world + g.rank) * g.num_experts;
+      for (int e = tid; e < g.num_experts; e += T) *Peer(a, mine + e, e / g.experts_per_rank) = s_cnt[e];
+    }
   }
 
   // 5. completion: the last block signals the round to every peer, then waits for theirs
@@ -216,7 +251,12 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     st->total_recv = total;
     st->dispatch_tokens = n;
     st->dispatch_weighted = p.weights != nullptr;
-    if (kStd) st->std_round = round;
+    if (kStd != kStdOff) st->std_round = round;
+    if (kStd == kStdFused) {  // every block read both at its start, before its arrival
+      st->plan_words[plan_parity] = (n + 31) >> 5;
+      st->plan_words[plan_parity ^ 1] = 0;
+      st->std_plans += 1;
+    }
     st->dispatch_epoch = round;
   }
   MORI_PROF_END(a, kProfDispatchSignal, round);
@@ -224,11 +264,11 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
 
 }  // namespace dev
 
-size_t DispatchSmemBytes(int threads, int world, bool standard_moe, int num_experts, int topk) {
-  (void)num_experts;
+size_t DispatchSmemBytes(int threads, int world, int standard_moe, int num_experts, int topk) {
   const size_t base = static_cast<size_t>(threads) * world + threads + 32 * world + world + 4;
-  const size_t std_part = standard_moe ? static_cast<size_t>(threads) * topk : 0;
-  return sizeof(int32_t) * (base + std_part);
+  const size_t std_part = standard_moe != kStdOff ? static_cast<size_t>(threads) * topk : 0;
+  const size_t fused_part = standard_moe == kStdFused ? static_cast<size_t>(num_experts) : 0;
+  return sizeof(int32_t) * (base + std_part + fused_part);
 }
 
 namespace dev {
@@ -236,12 +276,12 @@ namespace dev {
 template <int kWorld>
 void LaunchDispatchWorld(const EpKernelArgs& args, const DispatchParams& params, int blocks, int threads, size_t smem,
                          gpuStream_t stream) {
-  if (params.standard_moe) {
-    auto kernel = DispatchKernel<kWorld, true>;
+  if (params.standard_moe != kStdOff) {
+    auto kernel = params.standard_moe == kStdFused ? DispatchKernel<kWorld, kStdFused> : DispatchKernel<kWorld, kStdPlanned>;
     if (smem > 48 * 1024) MORI_GPU_CHECK(gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(smem)));
     kernel<<<blocks, threads, smem, stream>>>(args, params);
   } else {
-    DispatchKernel<kWorld, false><<<blocks, threads, smem, stream>>>(args, params);
+    DispatchKernel<kWorld, kStdOff><<<blocks, threads, smem, stream>>>(args, params);
   }
 }
 
@@ -252,7 +292,7 @@ int KernelWarpSize() { return dev::kWarpSize; }
 void LaunchDispatch(const EpKernelArgs& args, const DispatchParams& params, int blocks, int warps, gpuStream_t stream) {
   const int threads = warps * dev::kWarpSize;
   const int w = args.geo.world <= 2 ? 2 : (args.geo.world <= 4 ? 4 : 8);
-  const size_t smem = DispatchSmemBytes(threads, w, params.standard_moe != 0, args.geo.num_experts, args.geo.topk);
+  const size_t smem = DispatchSmemBytes(threads, w, params.standard_moe, args.geo.num_experts, args.geo.topk);
   if (w == 2)
     dev::LaunchDispatchWorld<2>(args, params, blocks, threads, smem, stream);
   else if (w == 4)

@@ -2,7 +2,8 @@
 // and the standalone converters convert_dispatch_output / convert_combine_input.
 // Layout and ordering rules: ep_std_layout.cuh.
 //
-// dispatch_standard_moe = StdPlanKernel + DispatchKernel<_, kStd = true> + StdExpandKernel:
+// dispatch_standard_moe, three-launch path (MORI_EP_STD_FUSED=0) =
+// StdPlanKernel + DispatchKernel<_, kStdPlanned> + StdExpandKernel:
 //   the plan sets one bit per (expert, token) of this rank, the last block turns
 //   each expert's bitmap into per-word prefix counts and publishes the expert
 //   totals to every rank (then a release flag); the dispatch sends every row once
@@ -10,6 +11,8 @@
 //   among this rank's rows of that expert; the expand kernel on the receiving side
 //   copies each received row to its final 3-D positions (earlier sources' counts +
 //   that position), a local copy.
+// The fused path (default) = DispatchKernel<_, kStdFused> + StdExpandKernel: the
+//   dispatch kernel ranks the tokens and sends the counts itself (ep_dispatch.cu).
 // convert_dispatch_output = ConvertPlanKernel + ConvertScatterKernel on the
 //   receiving side: the same bitmap ranking over (source rank, source token) of the
 //   received rows, then one copy of each row per distinct local expert.
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(kStdPlanThreads) StdPlanKernel(EpKernelArgs a,
 // position = rows that earlier sources send to the expert (their published counts)
 // + the row's position among its own source's rows of the expert (std_rel, written
 // by the source's dispatch). Block 0 writes packed_count and the layout ranges.
-__global__ void __launch_bounds__(kDispatchMaxThreads) StdExpandKernel(EpKernelArgs a, int row_bytes) {
+__global__ void __launch_bounds__(kDispatchMaxThreads) StdExpandKernel(EpKernelArgs a, int row_bytes, bool planned) {
   extern __shared__ int32_t s_base[];  // [world][experts_per_rank]: rows of sources before s, per local expert
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
@@ -84,9 +87,10 @@ __global__ void __launch_bounds__(kDispatchMaxThreads) StdExpandKernel(EpKernelA
   MORI_PROF_BEGIN(a, kProfStdExpand, round);
   const int tid = threadIdx.x, T = blockDim.x, epr = g.experts_per_rank, ne = g.num_experts;
   // Each source's plan published its counts (then fenced and released its flag) before the
-  // dispatch that this rank's dispatch kernel waited for: the wait only bounds the check.
+  // dispatch that this rank's dispatch kernel waited for: the wait only bounds the check. The
+  // fused dispatch sends them before its round signal, which that kernel waited for.
   bool ok = true;
-  if (tid < g.world) ok = WaitRound(a, a.buf.std_flags + tid, round, kPhaseDispatch, tid);
+  if (planned && tid < g.world) ok = WaitRound(a, a.buf.std_flags + tid, round, kPhaseDispatch, tid);
   if (!__syncthreads_and(ok)) return;
   const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * ne;
   for (int el = tid; el < epr; el += T) {
@@ -312,10 +316,11 @@ void LaunchStdPlan(const EpKernelArgs& args, const int32_t* indices, int num_tok
   MORI_GPU_CHECK(gpuGetLastError());
 }
 
-void LaunchStdExpand(const EpKernelArgs& args, int row_bytes, int blocks, int warps, gpuStream_t stream) {
+void LaunchStdExpand(const EpKernelArgs& args, int row_bytes, bool planned, int blocks, int warps,
+                     gpuStream_t stream) {
   // world x experts_per_rank ints: at most 8 x 256 (the handle checks the expert count), under 48 KiB.
   const size_t smem = sizeof(int32_t) * static_cast<size_t>(args.geo.world) * args.geo.experts_per_rank;
-  dev::StdExpandKernel<<<blocks, warps * dev::kWarpSize, smem, stream>>>(args, row_bytes);
+  dev::StdExpandKernel<<<blocks, warps * dev::kWarpSize, smem, stream>>>(args, row_bytes, planned);
   MORI_GPU_CHECK(gpuGetLastError());
 }
 
