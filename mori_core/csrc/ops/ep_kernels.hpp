@@ -20,6 +20,9 @@ constexpr int kCombineMaxThreads = 512;
 constexpr size_t kDispatchMaxSmem = 64 * 1024;
 
 void LaunchDispatch(const EpKernelArgs& args, const DispatchParams& params, int blocks, int warps, gpuStream_t stream);
+// Most dispatch blocks of `standard_moe` (EpStdMode) that fit on the device at once: the
+// one-launch standard-MoE dispatch's blocks wait for each other before its expand tail.
+int DispatchMaxCoResidentBlocks(int world, int standard_moe, int num_experts, int topk, int warps, int device);
 // Dynamic shared memory of a dispatch block; `standard_moe` as DispatchParams::standard_moe (the
 // standard-MoE modes add per-token positions, the fused one also per-expert counts).
 size_t DispatchSmemBytes(int threads, int world, int standard_moe, int num_experts, int topk);

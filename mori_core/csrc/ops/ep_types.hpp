@@ -46,6 +46,7 @@ enum EpStdMode : int32_t {
   kStdOff = 0,      // plain 2-D dispatch
   kStdPlanned = 1,  // StdPlanKernel ran first: positions from its bitmaps and prefix counts
   kStdFused = 2,    // the dispatch kernel ranks its own tokens (ep_std_layout.cuh), no plan kernel
+  kStdOneLaunch = 3,  // kStdFused, and the expand is the dispatch kernel's tail (no expand kernel)
 };
 enum EpPhase : int32_t { kPhaseDispatch = 1, kPhaseCombine = 2 };
 
@@ -178,8 +179,10 @@ struct DispatchRows {
 
 struct DispatchParams : DispatchRows {
   // EpStdMode: 0 plain; else every row also carries its position among this rank's rows of each
-  // of its experts (1: ranked by the plan kernel before, 2: ranked by the dispatch kernel itself)
+  // of its experts (1: ranked by the plan kernel before, 2 and 3: by the dispatch kernel itself)
   int32_t standard_moe;
+  // Blocks that send tokens (0: all). kStdOneLaunch launches more blocks for its expand tail.
+  int32_t send_blocks;
 };
 
 struct CombineParams {
