@@ -128,7 +128,9 @@ def _rank_rows(rank: int) -> list[dict]:
             rows.append(dict(base, kernel=kernel, dtype="bf16", mode=mode, ext="fp8", link_bytes=1e6, crossing=300,
                              speedup=1.0, rel_err=0.02, max_err=0.1, **_timing(us)))
     rows += [dict(base, kernel=k, dtype="bf16", mode="std", ext="std", **_timing(us))
-             for k, us in (("dispatch (same op)", 20.0), ("dispatch_standard_moe", 24.0))]
+             for k, us in (("dispatch (same op)", 20.0), ("dispatch_standard_moe", 24.0),
+                           ("dispatch_standard_moe [MORI_EP_STD_FUSED=0]", 40.0),
+                           ("dispatch_standard_moe + combine_standard_moe [MORI_EP_STD_FUSED=0]", 60.0))]
     t = dict(table="deepep", tokens=n, median_us=1.0, min_us=1.0, host_us=20.0)
     for kernel, us in (("dispatch fp8", 20.0), ("dispatch bf16", 20.0), ("combine (default call)", 25.0),
                        ("combine push", 25.0), ("combine pull", 26.0)):
@@ -166,6 +168,7 @@ def test_ep_report_tables_targets_and_plot(monkeypatch: pytest.MonkeyPatch, caps
     assert ["128", "dispatch bf16 vs DeepEP best", "2.02x", ">= 1.6x", "yes"] in cells
     assert ["128", "combine pull vs DeepEP best", "1.56x", ">= 1.6x", "no"] in cells
     assert ["128", "dispatch_standard_moe / 2-D dispatch", "1.20x", "<= 1.3x", "yes"] in cells
+    assert ["128", "dispatch_standard_moe [MORI_EP_STD_FUSED=0] / 2-D dispatch", "2.00x", "<= 1.3x", "no"] in cells
     assert ["128", "combine output (bf16)", "yes", "0"] in cells
     try:
         import matplotlib  # noqa: F401

@@ -45,6 +45,7 @@ WORLDS = [1, 2, 4, 8]
 ROUNDS = int(os.environ.get("MORI_TEST_ROUNDS", "100"))  # back-to-back standard-MoE rounds
 STAGE = "MORI_EP_PUSH_STAGE_TOKENS"  # staged push combine: tokens per chunk (read when an op is built)
 ALGO = "MORI_EP_COMBINE_ALGO"
+FUSED = "MORI_EP_STD_FUSED"  # dispatch_standard_moe: 0 three launches (plan kernel first), 2 one launch
 
 
 _need = need_ranks
@@ -245,12 +246,13 @@ def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128, env
     return errs
 
 
-def _graph_case(rank, world, dev) -> list[str]:
-    """dispatch_standard_moe + combine_standard_moe captured in a CUDA graph, replayed with new data."""
+def _graph_case(rank, world, dev, env=None) -> list[str]:
+    """dispatch_standard_moe + combine_standard_moe captured in a CUDA graph, replayed with new data
+    (op settings ``env``)."""
     errs: list[str] = []
     hidden, epr, topk, n = 2048, 16 // world, 4, 64
     cfg = _config(rank, world, hidden, n, epr, topk)
-    with _op_and_reference(cfg, dev) as (op, ref):
+    with _op_and_reference(cfg, dev, env) as (op, ref):
         static = _inputs(90, world, [n] * world, hidden, epr * world, topk, torch.bfloat16, 0, False, dev)[rank]
         op.dispatch_standard_moe(static["x"], static["w"], None, static["idx"])  # first call allocates (not capturable)
         torch.cuda.synchronize()
@@ -314,6 +316,23 @@ def _suite(rank: int, world: int, out_path: str) -> None:
             rank, world, dev, 2, 4096, torch.bfloat16, 0, 32, 8, torch.bfloat16, True, True, "none", (7, 3))),
         ("std fp8+scales dispatch, bf16 combine", lambda: _std_case(
             rank, world, dev, 3, 4096, fp8, 32, 64, 8, torch.bfloat16, True, False, "none", (-1, -1))),
+        # fused ranking (the default) in rounds of 32 tokens per block (one warp, 96 tokens on 2 blocks)
+        ("std bf16 launch 2x1 dup experts", lambda: _std_case(
+            rank, world, dev, 8, 2048, torch.bfloat16, 0, 32, 8, torch.bfloat16, True, True, "none", (2, 1))),
+        # the three-launch path, the same cases
+        ("std bf16 launch 7x3 dup experts, three launches", lambda: _std_case(
+            rank, world, dev, 2, 4096, torch.bfloat16, 0, 32, 8, torch.bfloat16, True, True, "none", (7, 3),
+            env={FUSED: "0"})),
+        ("std fp8+scales dispatch, three launches", lambda: _std_case(
+            rank, world, dev, 3, 4096, fp8, 32, 64, 8, torch.bfloat16, True, False, "none", (-1, -1),
+            env={FUSED: "0"})),
+        # one launch (the expand as the dispatch kernel's tail, a grid larger than the senders')
+        ("std bf16 h7168 256 experts top8 weighted, one launch", lambda: _std_case(
+            rank, world, dev, 1, 7168, torch.bfloat16, 0, 256, 8, torch.bfloat16, True, False, "none", (-1, -1),
+            env={FUSED: "2"})),
+        ("std fp8+scales launch 2x1 dup experts, one launch", lambda: _std_case(
+            rank, world, dev, 9, 2048, fp8, 16, 32, 8, torch.bfloat16, True, True, "none", (2, 1),
+            env={FUSED: "2"})),
         ("std fp32 unweighted top6 dup", lambda: _std_case(
             rank, world, dev, 4, 2048, torch.float32, 0, 8, 6, torch.float32, False, True, "none", (132, 16), max_tok=64)),
         ("std bf16 + fp8_blockwise combine", lambda: _std_case(
@@ -334,6 +353,7 @@ def _suite(rank: int, world: int, out_path: str) -> None:
             rank, world, dev, 7, 7168, torch.bfloat16, 0, 256, 8, torch.bfloat16, True, False, "none", (-1, -1),
             env={STAGE: "24"})),
         ("std graph + 100 rounds + stale layout", lambda: _graph_case(rank, world, dev)),
+        ("std graph + 100 rounds + stale layout, one launch", lambda: _graph_case(rank, world, dev, {FUSED: "2"})),
     ]
     results = {}
     for name, fn in cases:
@@ -405,7 +425,8 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
     missing = [p for p in need if p not in by]
     assert not missing, f"rank {rank}: phases missing from the trace: {missing}; present: {sorted(by)}"
     # Calls in stream order: plain dispatch (dispatch round d), plain combine (combine round c),
-    # standard-MoE plan + dispatch (round d + 1), standard-MoE combine (round c + 1).
+    # standard-MoE plan + dispatch (round d + 1; the fused dispatch plans inside its own kernel,
+    # so a block's plan may end after another's route began), standard-MoE combine (round c + 1).
     d = min(e["args"]["round"] for e in by["dispatch_route"])
     c = min(e["args"]["round"] for e in by["combine_stage"])
 
@@ -417,8 +438,7 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
     calls = [
         ("dispatch", span(["dispatch_route", "dispatch_copy", "dispatch_signal"], d)),
         ("combine", span(["combine_stage", "combine_barrier", "combine_reduce"], c)),
-        ("std plan", span(["std_plan"], d + 1)),
-        ("std dispatch", span(["dispatch_route", "dispatch_copy", "dispatch_signal", "std_expand"], d + 1)),
+        ("std dispatch", span(["std_plan", "dispatch_route", "dispatch_copy", "dispatch_signal", "std_expand"], d + 1)),
         ("std combine", span(["combine_stage", "combine_barrier", "combine_reduce"], c + 1)),
     ]
     for (na, (_, end_a)), (nb, (begin_b, _)) in zip(calls, calls[1:]):

@@ -14,14 +14,19 @@
 // is published as total_recv, and the counter is reset for round + 2 (counters
 // alternate by round parity, so back-to-back dispatches never race a reset).
 //
-// Standard-MoE mode (dispatch_standard_moe, kStd): the plan kernel
-// (ep_standard_moe.cu) already ranked this rank's tokens per expert and published
-// the per-expert counts to every rank. The rows travel exactly as in a plain
-// dispatch (once per destination rank, into its 2-D receive buffer); in addition
+// Standard-MoE mode (dispatch_standard_moe, kStd != kStdOff): either the plan
+// kernel (ep_standard_moe.cu) already ranked this rank's tokens per expert and
+// published the per-expert counts to every rank (kStdPlanned), or this kernel
+// ranks them itself and the block of the last token sends the per-expert counts
+// to every rank before its arrival, so they reach each peer before this rank's
+// round signal (kStdFused, ep_std_layout.cuh: one launch and one cross-rank
+// signal fewer). The rows travel exactly as in a plain dispatch (once per
+// destination rank, into its 2-D receive buffer); in addition
 // every (slot, k) of a local expert of the destination carries the row's position
 // among this rank's rows of that expert (std_rel). The expand kernel on the
 // receiving side then copies each received row to its final [local expert][row]
-// slots (rows of earlier sources first), a local copy. Storing straight into the
+// slots (rows of earlier sources first), a local copy; kStdOneLaunch runs that
+// copy as this kernel's tail instead (step 6, every block). Storing straight into the
 // 3-D layout instead would send a token once per local expert of its destination
 // (2.2x the NVLink bytes at EP4, top-8 of 256) and make every block wait for all
 // sources' counts before it could send anything.
@@ -42,8 +47,64 @@ struct DispatchUnroll {
   static constexpr int value = kWorld <= 4 ? 8 : 4;
 };
 
-template <int kWorld, bool kStd>
+// Step 5 on the last block to arrive: signals the round to every peer, waits for theirs, then
+// publishes the round's totals on this rank. False when a wait failed (reported).
+template <int kWorld, int kStd>
+__device__ __forceinline__ bool DispatchComplete(const EpKernelArgs& a, const DispatchParams& p, uint32_t round,
+                                                 int32_t* counter, uint32_t plan_parity) {
+  constexpr bool kRank = kStd == kStdFused || kStd == kStdOneLaunch;
+  const EpGeometry& g = a.geo;
+  EpSyncState* st = a.buf.sync;
+  const int tid = threadIdx.x, world = g.world, n = p.num_tokens;
+  MORI_PROF_BEGIN(a, kProfDispatchSignal, round);
+  // No store/wait of this rank's own flag: its blocks all arrived (ArriveLast). No fence before
+  // the release stores: ArriveLast's fence, after every block's arrival, already orders this
+  // rank's writes, and the barrier above carries that to these threads' release stores.
+  // (Issue #19: EP8 x 1000 rounds on one GPU; ordering across two physical GPUs is confirmed
+  // only by a 2-GPU run of the same test.)
+  const bool flag_peer = tid < world && tid != g.rank;
+  // Every rank learns every source's token count with its signal (the staged push combine cuts
+  // each source's tokens into chunks the same way on both sides); by round parity, because a
+  // peer may publish its next round's count while this rank's combine still reads this one's.
+  int32_t* tokens_bank = a.buf.peer_tokens + (round & 1) * kMaxWorld + g.rank;
+  if (tid == g.rank) *tokens_bank = n;
+  if (flag_peer) {
+    *Peer(a, tokens_bank, tid) = n;
+    StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
+  }
+  bool ok = true;
+  if (flag_peer) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
+  if (!__syncthreads_and(ok)) return false;
+  if (tid == 0) {
+    // Every peer reserved its slots before signalling, so the counter is final.
+    int total = *reinterpret_cast<volatile int32_t*>(counter);
+    *counter = 0;
+    if (total > g.max_recv) {
+      ReportError(a, kErrRecvOverflow, kPhaseDispatch, -1, total, g.max_recv);
+      total = g.max_recv;
+    }
+    st->total_recv = total;
+    st->dispatch_tokens = n;
+    st->dispatch_weighted = p.weights != nullptr;
+    if (kStd != kStdOff) st->std_round = round;
+    if (kRank) {  // every block read both at its start, before its arrival
+      st->plan_words[plan_parity] = (n + 31) >> 5;
+      st->plan_words[plan_parity ^ 1] = 0;
+      st->std_plans += 1;
+    }
+    if constexpr (kStd == kStdOneLaunch)
+      StoreReleaseSys(&st->dispatch_epoch, round);  // the other blocks wait for it (step 6)
+    else
+      st->dispatch_epoch = round;
+  }
+  if constexpr (kStd == kStdOneLaunch) __syncthreads();  // this block's step 6 reads the totals
+  MORI_PROF_END(a, kProfDispatchSignal, round);
+  return true;
+}
+
+template <int kWorld, int kStd>
 __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKernelArgs a, DispatchParams p) {
+  constexpr bool kRank = kStd == kStdFused || kStd == kStdOneLaunch;  // ranks its own tokens
   extern __shared__ int4 smem_raw[];
   const int T = blockDim.x, tid = threadIdx.x, lane = LaneId();
   const int warp = tid / kWarpSize, nwarps = T / kWarpSize;
@@ -52,18 +113,30 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   int32_t* s_warp_off = reinterpret_cast<int32_t*>(s_mask + T);  // [32][kWorld]
   int32_t* s_base = s_warp_off + 32 * kWorld;                    // [kWorld]
   int* s_flag = s_base + kWorld;
+  const EpGeometry& g = a.geo;
   // standard MoE only: [T][topk] position of each (token, k) among this rank's rows of expert k
   int32_t* s_rel = s_flag + 4;
+  // kStdFused / kStdOneLaunch only: [num_experts] this rank's tokens before the current round, per
+  // expert; the one-launch tail reuses it as the expand's [world][experts_per_rank] bases
+  int32_t* s_cnt = s_rel + T * g.topk;
 
-  const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
   const uint32_t round = st->dispatch_epoch + 1;
   int32_t* counter = a.buf.recv_counter + (round & 1);
   constexpr int kDispatchUnroll = DispatchUnroll<kWorld>::value;
   const int world = g.world, n = p.num_tokens, vecs = p.row_bytes / 16;
-  const int chunk = (n + gridDim.x - 1) / gridDim.x;
+  // tokens per block; the one-launch standard-MoE dispatch has more blocks than senders (its expand tail)
+  const int chunk = kStd == kStdOneLaunch ? (n + p.send_blocks - 1) / p.send_blocks : (n + gridDim.x - 1) / gridDim.x;
   const int begin = min(n, static_cast<int>(blockIdx.x) * chunk), end = min(n, begin + chunk);
+  // kRank: this dispatch's token bitmaps (parity of the standard-MoE dispatches so far)
+  const uint32_t plan_parity = kRank ? (st->std_plans & 1) : 0;
+  uint32_t* plan_bits = a.std.plan_bits + static_cast<size_t>(plan_parity) * g.num_experts * g.tok_words;
+  if constexpr (kRank) {
+    MORI_PROF_BEGIN(a, kProfStdPlan, round);
+    StdFusedStart(a, p.indices, begin < end ? begin : 0, plan_parity, s_cnt);  // blocks without tokens count none
+    MORI_PROF_END(a, kProfStdPlan, round);
+  }
 
   for (int r0 = begin; r0 < end; r0 += T) {
     MORI_PROF_BEGIN(a, kProfDispatchRoute, round);
@@ -74,7 +147,11 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       const int32_t* ids = p.indices + static_cast<size_t>(r0 + tid) * g.topk;
       for (int k = 0; k < g.topk; ++k) {
         const int e = ids[k];
-        if (e >= 0 && e < g.num_experts) mask |= 1u << (e / g.experts_per_rank);
+        if (e >= 0 && e < g.num_experts) {
+          mask |= 1u << (e / g.experts_per_rank);
+          if constexpr (kRank)
+            atomicOr(plan_bits + static_cast<size_t>(e) * g.tok_words + ((r0 + tid) >> 5), 1u << ((r0 + tid) & 31));
+        }
       }
       a.buf.token_mask[r0 + tid] = mask;
     }
@@ -104,6 +181,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     }
     __syncthreads();
     // 3. slot of each token on each destination
+    uint64_t std_firsts = 0;  // kRank: this token's k entries to count once the round is ranked
     if (tid < cnt) {
       const size_t t = static_cast<size_t>(r0 + tid);
 #pragma unroll
@@ -121,10 +199,17 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
           a.buf.dest_slot[t * world + r] = slot;
         }
       }
-      if constexpr (kStd)
+      if constexpr (kStd == kStdPlanned)
         StdTokenRel(a, (st->std_plans + 1) & 1, static_cast<int>(t), p.indices + t * g.topk, s_rel + tid * g.topk);
+      if constexpr (kRank)
+        std_firsts = StdTokenRelFused(a, plan_bits, s_cnt, r0, static_cast<int>(t), p.indices + t * g.topk,
+                                      s_rel + tid * g.topk);
     }
     __syncthreads();
+    if constexpr (kRank) {  // read again only after the next round's barriers
+      for (int k = 0; std_firsts != 0; ++k, std_firsts >>= 1)
+        if (std_firsts & 1) atomicAdd(s_cnt + p.indices[static_cast<size_t>(r0 + tid) * g.topk + k], 1);
+    }
     MORI_PROF_END(a, kProfDispatchRoute, round);
     MORI_PROF_BEGIN(a, kProfDispatchCopy, round);
     // 4. copy (token, slice) items; slices keep all warps busy when tokens are few
@@ -162,7 +247,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       if (part != 0) continue;
       // standard MoE: lane k knows entry k's position among this rank's rows of its expert and the
       // rank that expert lives on
-      const int my_rel = kStd && lane < g.topk ? s_rel[li * g.topk + lane] : -1;
+      const int my_rel = kStd != kStdOff && lane < g.topk ? s_rel[li * g.topk + lane] : -1;
       const int my_rank = my_rel >= 0 ? p.indices[t * g.topk + lane] / g.experts_per_rank : -1;
 #pragma unroll
       for (int r = 0; r < kWorld; ++r) {
@@ -172,7 +257,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
           if (p.weights)
             Peer(a, a.buf.dispatch_out_weights, r)[slot * g.topk + lane] = p.weights[t * g.topk + lane];
           Peer(a, a.buf.dispatch_out_indices, r)[slot * g.topk + lane] = p.indices[t * g.topk + lane];
-          if (kStd) Peer(a, a.std.std_rel, r)[slot * g.topk + lane] = my_rank == r ? my_rel : -1;
+          if (kStd != kStdOff) Peer(a, a.std.std_rel, r)[slot * g.topk + lane] = my_rank == r ? my_rel : -1;
         }
         if (p.scales)
           CopySmall(Peer(a, a.buf.dispatch_out_scales, r) + slot * g.scale_bytes, p.scales + t * g.scale_bytes,
@@ -184,65 +269,66 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     MORI_PROF_END(a, kProfDispatchCopy, round);
   }
 
-  // 5. completion: the last block signals the round to every peer, then waits for theirs
-  if (!ArriveLast(&st->dispatch_arrive, s_flag)) return;
-  MORI_PROF_BEGIN(a, kProfDispatchSignal, round);
-  // No store/wait of this rank's own flag: its blocks all arrived (ArriveLast). No fence before
-  // the release stores: ArriveLast's fence, after every block's arrival, already orders this
-  // rank's writes, and the barrier above carries that to these threads' release stores.
-  // (Issue #19: EP8 x 1000 rounds on one GPU; ordering across two physical GPUs is confirmed
-  // only by a 2-GPU run of the same test.)
-  const bool flag_peer = tid < world && tid != g.rank;
-  // Every rank learns every source's token count with its signal (the staged push combine cuts
-  // each source's tokens into chunks the same way on both sides); by round parity, because a
-  // peer may publish its next round's count while this rank's combine still reads this one's.
-  int32_t* tokens_bank = a.buf.peer_tokens + (round & 1) * kMaxWorld + g.rank;
-  if (tid == g.rank) *tokens_bank = n;
-  if (flag_peer) {
-    *Peer(a, tokens_bank, tid) = n;
-    StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
-  }
-  bool ok = true;
-  if (flag_peer) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
-  if (!__syncthreads_and(ok)) return;
-  if (tid == 0) {
-    // Every peer reserved its slots before signalling, so the counter is final.
-    int total = *reinterpret_cast<volatile int32_t*>(counter);
-    *counter = 0;
-    if (total > g.max_recv) {
-      ReportError(a, kErrRecvOverflow, kPhaseDispatch, -1, total, g.max_recv);
-      total = g.max_recv;
+  if constexpr (kRank) {
+    // The block of the last token (block 0 without tokens) has counted them all: every rank gets
+    // this rank's counts of its experts, ordered before the round signal by the arrival below.
+    if (static_cast<int>(blockIdx.x) == (n > 0 ? (n - 1) / chunk : 0)) {
+      int32_t* mine = a.buf.std_counts + (static_cast<size_t>(round & 1) * world + g.rank) * g.num_experts;
+      for (int e = tid; e < g.num_experts; e += T) *Peer(a, mine + e, e / g.experts_per_rank) = s_cnt[e];
     }
-    st->total_recv = total;
-    st->dispatch_tokens = n;
-    st->dispatch_weighted = p.weights != nullptr;
-    if (kStd) st->std_round = round;
-    st->dispatch_epoch = round;
   }
-  MORI_PROF_END(a, kProfDispatchSignal, round);
+
+  // 5. completion: the last block signals the round to every peer, then waits for theirs
+  const bool last = ArriveLast(&st->dispatch_arrive, s_flag);
+  if (last && !DispatchComplete<kWorld, kStd>(a, p, round, counter, plan_parity)) return;
+  if constexpr (kStd == kStdOneLaunch) {
+    // 6. the expand (StdExpandRows) on every block once the last one has waited for every peer
+    // and published the totals. The grid is co-resident (the host sizes it), so the blocks waiting
+    // here cannot keep the last block from running. They wait for the peers first, so that a
+    // missing peer is reported as such (their waits start before the last block's).
+    bool ok = true;
+    if (!last) {
+      if (tid < world && tid != g.rank) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
+      if (__syncthreads_and(ok) && tid == 0) ok = WaitRound(a, &st->dispatch_epoch, round, kPhaseDispatch, g.rank);
+    }
+    if (!__syncthreads_and(ok)) return;
+    MORI_PROF_BEGIN(a, kProfStdExpand, round);
+    StdExpandRows(a, p.row_bytes, round, s_cnt);
+    MORI_PROF_END(a, kProfStdExpand, round);
+  }
 }
 
 }  // namespace dev
 
-size_t DispatchSmemBytes(int threads, int world, bool standard_moe, int num_experts, int topk) {
-  (void)num_experts;
+size_t DispatchSmemBytes(int threads, int world, int standard_moe, int num_experts, int topk) {
   const size_t base = static_cast<size_t>(threads) * world + threads + 32 * world + world + 4;
-  const size_t std_part = standard_moe ? static_cast<size_t>(threads) * topk : 0;
-  return sizeof(int32_t) * (base + std_part);
+  const size_t std_part = standard_moe != kStdOff ? static_cast<size_t>(threads) * topk : 0;
+  const size_t fused_part = standard_moe >= kStdFused ? static_cast<size_t>(num_experts) : 0;
+  return sizeof(int32_t) * (base + std_part + fused_part);
 }
 
 namespace dev {
 
+using DispatchKernelPtr = void (*)(EpKernelArgs, DispatchParams);
+
+// The kernel of `standard_moe` (EpStdMode), allowed `smem` bytes of dynamic shared memory.
+template <int kWorld>
+DispatchKernelPtr DispatchKernelFor(int standard_moe, size_t smem) {
+  const DispatchKernelPtr kernel = standard_moe == kStdOneLaunch ? DispatchKernel<kWorld, kStdOneLaunch>
+                                   : standard_moe == kStdFused   ? DispatchKernel<kWorld, kStdFused>
+                                   : standard_moe == kStdPlanned ? DispatchKernel<kWorld, kStdPlanned>
+                                                                 : DispatchKernel<kWorld, kStdOff>;
+  if (smem > 48 * 1024) MORI_GPU_CHECK(gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(smem)));
+  return kernel;
+}
+
 template <int kWorld>
 void LaunchDispatchWorld(const EpKernelArgs& args, const DispatchParams& params, int blocks, int threads, size_t smem,
                          gpuStream_t stream) {
-  if (params.standard_moe) {
-    auto kernel = DispatchKernel<kWorld, true>;
-    if (smem > 48 * 1024) MORI_GPU_CHECK(gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(smem)));
-    kernel<<<blocks, threads, smem, stream>>>(args, params);
-  } else {
-    DispatchKernel<kWorld, false><<<blocks, threads, smem, stream>>>(args, params);
-  }
+  if (params.standard_moe != kStdOff)
+    DispatchKernelFor<kWorld>(params.standard_moe, smem)<<<blocks, threads, smem, stream>>>(args, params);
+  else
+    DispatchKernel<kWorld, kStdOff><<<blocks, threads, smem, stream>>>(args, params);
 }
 
 }  // namespace dev
@@ -252,7 +338,7 @@ int KernelWarpSize() { return dev::kWarpSize; }
 void LaunchDispatch(const EpKernelArgs& args, const DispatchParams& params, int blocks, int warps, gpuStream_t stream) {
   const int threads = warps * dev::kWarpSize;
   const int w = args.geo.world <= 2 ? 2 : (args.geo.world <= 4 ? 4 : 8);
-  const size_t smem = DispatchSmemBytes(threads, w, params.standard_moe != 0, args.geo.num_experts, args.geo.topk);
+  const size_t smem = DispatchSmemBytes(threads, w, params.standard_moe, args.geo.num_experts, args.geo.topk);
   if (w == 2)
     dev::LaunchDispatchWorld<2>(args, params, blocks, threads, smem, stream);
   else if (w == 4)
@@ -260,6 +346,20 @@ void LaunchDispatch(const EpKernelArgs& args, const DispatchParams& params, int 
   else
     dev::LaunchDispatchWorld<8>(args, params, blocks, threads, smem, stream);
   MORI_GPU_CHECK(gpuGetLastError());
+}
+
+int DispatchMaxCoResidentBlocks(int world, int standard_moe, int num_experts, int topk, int warps, int device) {
+  DeviceGuard guard(device);
+  const int threads = warps * dev::kWarpSize;
+  const int w = world <= 2 ? 2 : (world <= 4 ? 4 : 8);
+  const size_t smem = DispatchSmemBytes(threads, w, standard_moe, num_experts, topk);
+  const dev::DispatchKernelPtr kernel = w == 2   ? dev::DispatchKernelFor<2>(standard_moe, smem)
+                                        : w == 4 ? dev::DispatchKernelFor<4>(standard_moe, smem)
+                                                 : dev::DispatchKernelFor<8>(standard_moe, smem);
+  int per_sm = 0, sms = 0;
+  MORI_GPU_CHECK(gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  MORI_GPU_CHECK(gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, device));
+  return per_sm * sms;
 }
 
 }  // namespace mori::ep

@@ -121,6 +121,17 @@ EpHandle::EpHandle(const EpHandleConfig& c) : EpHandleBase(c, kMaxWorld, KernelW
   b.push_flags = reinterpret_cast<uint32_t*>(at("push_flags"));
   push_stage_tokens_ = EnvInt("MORI_EP_PUSH_STAGE_TOKENS", kDefaultPushStageTokens, 0, 1 << 30);
   push_reduce_blocks_ = EnvInt("MORI_EP_PUSH_REDUCE_BLOCKS", -1, -1, 1 << 20);
+  // dispatch_standard_moe ranks its rows inside the dispatch kernel (MORI_EP_STD_FUSED=1, the
+  // default: dispatch + expand kernel; 2: one launch, the expand as the dispatch kernel's tail) or
+  // with the plan kernel before it (0: three launches); the same on every rank (the paths send
+  // the per-expert counts differently). The fused kernels keep one count per expert in shared
+  // memory: with too many experts for the largest block they fall back to 0, from the config
+  // alone (so every rank picks the same path).
+  static constexpr int32_t kStdModes[] = {kStdPlanned, kStdFused, kStdOneLaunch};
+  std_mode_ = kStdModes[EnvInt("MORI_EP_STD_FUSED", 1, 0, 2)];
+  if (DispatchSmemBytes(kDispatchMaxThreads, kMaxWorld, std_mode_, c.world_size * c.num_experts_per_rank,
+                        c.num_experts_per_token) > kDispatchMaxSmem)
+    std_mode_ = kStdPlanned;
   g.tpe = c.world_size * c.max_num_inp_token_per_rank;
   g.tok_words = TokenWords(c);
 #if MORI_ENABLE_PROFILER
@@ -318,20 +329,36 @@ void EpHandle::DispatchStandardMoe(uintptr_t input, int row_bytes, int num_token
                                    uintptr_t scales, uintptr_t indices, int blocks, int warps, uintptr_t stream) {
   RequireStandardMoe();
   DispatchParams p = CheckedDispatchParams(input, row_bytes, num_tokens, weights, scales, indices, blocks, warps);
-  p.standard_moe = 1;
+  p.standard_moe = std_mode_;
   const size_t smem = DispatchSmemBytes(warps * KernelWarpSize(), cfg_.world_size <= 2 ? 2 : (cfg_.world_size <= 4 ? 4 : 8),
-                                        true, args_.geo.num_experts, cfg_.num_experts_per_token);
-  Require(smem <= 64 * 1024, "dispatch_standard_moe needs " + std::to_string(smem) +
-                                 " bytes of shared memory per block at warp_per_block=" + std::to_string(warps) +
-                                 " (at most 65536); use fewer warps per block");
-  const int plan_blocks = std::max(
-      1, std::min(sm_count_, (num_tokens * cfg_.num_experts_per_token + kStdPlanThreads - 1) / kStdPlanThreads));
+                                        p.standard_moe, args_.geo.num_experts, cfg_.num_experts_per_token);
+  Require(smem <= kDispatchMaxSmem, "dispatch_standard_moe needs " + std::to_string(smem) +
+                                        " bytes of shared memory per block at warp_per_block=" + std::to_string(warps) +
+                                        " (at most " + std::to_string(kDispatchMaxSmem) + "); use fewer warps per block");
   DeviceGuard guard(device_);
   const gpuStream_t s = reinterpret_cast<gpuStream_t>(stream);
-  LaunchStdPlan(args_, p.indices, num_tokens, plan_blocks, s);
+  if (std_mode_ == kStdOneLaunch) {
+    // The tail copies with about the expand kernel's warps; the extra blocks send nothing. All
+    // blocks wait for the last one before the tail, so the grid must be co-resident.
+    auto it = std_grid_cap_.find(warps);
+    if (it == std_grid_cap_.end())
+      it = std_grid_cap_
+               .emplace(warps, DispatchMaxCoResidentBlocks(cfg_.world_size, kStdOneLaunch, args_.geo.num_experts,
+                                                           cfg_.num_experts_per_token, warps, device_))
+               .first;
+    const int grid = std::max(1, std::min(it->second, std::max(blocks, sm_count_ * kStdExpandWarps / warps)));
+    p.send_blocks = std::min(blocks, grid);
+    LaunchDispatch(args_, p, grid, warps, s);
+    return;
+  }
+  if (std_mode_ == kStdPlanned) {
+    const int plan_blocks = std::max(
+        1, std::min(sm_count_, (num_tokens * cfg_.num_experts_per_token + kStdPlanThreads - 1) / kStdPlanThreads));
+    LaunchStdPlan(args_, p.indices, num_tokens, plan_blocks, s);
+  }
   LaunchDispatch(args_, p, blocks, warps, s);
   // One warp per received row and its local experts' copies; rows are known only on the device.
-  LaunchStdExpand(args_, row_bytes, sm_count_, kStdExpandWarps, s);
+  LaunchStdExpand(args_, row_bytes, std_mode_ == kStdPlanned, sm_count_, kStdExpandWarps, s);
 }
 
 void EpHandle::ConvertDispatchOutput(uintptr_t x, int row_bytes, int x_rows, uintptr_t ids, int blocks, int warps,

@@ -62,7 +62,9 @@ class EpHandle : public EpHandleBase {
   // Allocates the standard-MoE buffers on first use (collective, like the
   // constructor: every rank in the same order) and returns their heap offset.
   uint64_t EnsureStandardMoe();
-  // dispatch_standard_moe: plan + dispatch writing rows into the destinations' 3-D layout.
+  // dispatch_standard_moe: a dispatch whose rows carry their 3-D positions (ranked by the dispatch
+  // kernel, or by a plan kernel before it with MORI_EP_STD_FUSED=0), then the local expand (a
+  // kernel, or the dispatch kernel's tail with MORI_EP_STD_FUSED=2).
   void DispatchStandardMoe(uintptr_t input, int row_bytes, int num_tokens, uintptr_t weights, uintptr_t scales,
                            uintptr_t indices, int blocks, int warps, uintptr_t stream);
   // convert_dispatch_output: received 2-D rows (x_rows rows) + their top-k ids -> 3-D layout.
@@ -114,6 +116,8 @@ class EpHandle : public EpHandleBase {
   int combine_quant_ = 0;
   int push_stage_tokens_ = kDefaultPushStageTokens;
   int push_reduce_blocks_ = -1;
+  int32_t std_mode_ = kStdFused;  // EpStdMode of dispatch_standard_moe (MORI_EP_STD_FUSED)
+  std::map<int, int> std_grid_cap_;  // warps -> co-resident blocks of the one-launch dispatch
   uint8_t* std_block_ = nullptr;  // standard-MoE buffers (allocated on first use)
   uint64_t std_offset_ = 0;
   uint64_t std_bytes_ = 0;

@@ -16,10 +16,16 @@ int KernelWarpSize();
 // Threads per block the kernels are compiled for (128 registers per thread).
 constexpr int kDispatchMaxThreads = 512;
 constexpr int kCombineMaxThreads = 512;
+// Most dynamic shared memory a dispatch block may ask for (AMD's LDS per workgroup).
+constexpr size_t kDispatchMaxSmem = 64 * 1024;
 
 void LaunchDispatch(const EpKernelArgs& args, const DispatchParams& params, int blocks, int warps, gpuStream_t stream);
-// Dynamic shared memory of a dispatch block (standard-MoE mode adds per-expert bases and per-token rows).
-size_t DispatchSmemBytes(int threads, int world, bool standard_moe, int num_experts, int topk);
+// Most dispatch blocks of `standard_moe` (EpStdMode) that fit on the device at once: the
+// one-launch standard-MoE dispatch's blocks wait for each other before its expand tail.
+int DispatchMaxCoResidentBlocks(int world, int standard_moe, int num_experts, int topk, int warps, int device);
+// Dynamic shared memory of a dispatch block; `standard_moe` as DispatchParams::standard_moe (the
+// standard-MoE modes add per-token positions, the fused one also per-expert counts).
+size_t DispatchSmemBytes(int threads, int world, int standard_moe, int num_experts, int topk);
 void LaunchCombine(const EpKernelArgs& args, const CombineParams& params, CombineDtype dtype, bool push, int blocks,
                    int warps, gpuStream_t stream);
 // Launches an empty kernel (one warp) with a tiny or a dispatch-sized
@@ -34,13 +40,15 @@ int CombineMaxCoResidentBlocks(int world, CombineDtype dtype, bool push, int qua
                                int device);
 
 // Standard-MoE layout (ep_standard_moe.cu). All asynchronous on `stream`.
-// Plan of dispatch_standard_moe: ranks this rank's tokens per expert and publishes
-// the per-expert counts to every rank; LaunchDispatch with standard_moe = 1 and
-// LaunchStdExpand follow.
+// Plan of dispatch_standard_moe (three-launch path, MORI_EP_STD_FUSED=0): ranks this
+// rank's tokens per expert and publishes the per-expert counts to every rank;
+// LaunchDispatch with standard_moe = 1 and LaunchStdExpand follow. The fused path
+// (standard_moe = 2) does this inside the dispatch kernel.
 void LaunchStdPlan(const EpKernelArgs& args, const int32_t* indices, int num_tokens, int blocks, gpuStream_t stream);
-// dispatch_standard_moe, after LaunchDispatch with standard_moe = 1: every received row
-// (`row_bytes`) to its final [local expert][position] slots (a local copy).
-void LaunchStdExpand(const EpKernelArgs& args, int row_bytes, int blocks, int warps, gpuStream_t stream);
+// dispatch_standard_moe, after its LaunchDispatch: every received row (`row_bytes`) to its
+// final [local expert][position] slots (a local copy). `planned`: the counts came from the plan
+// kernels (checked against their flags), else with the dispatch's signal.
+void LaunchStdExpand(const EpKernelArgs& args, int row_bytes, bool planned, int blocks, int warps, gpuStream_t stream);
 // convert_dispatch_output: the received 2-D rows `x` (`x_rows` rows, `row_bytes` each)
 // with their top-k ids into this rank's 3-D layout (scales from the dispatch outputs).
 void LaunchConvertDispatch(const EpKernelArgs& args, const uint8_t* x, int row_bytes, int x_rows, const int32_t* ids,

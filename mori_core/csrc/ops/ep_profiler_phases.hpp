@@ -11,7 +11,8 @@ enum EpProfPhase : int32_t {
   kProfDispatchRoute = 0,   // dispatch: destination masks, slot reservation, slots
   kProfDispatchCopy = 1,    // dispatch: rows (and weights, ids, scales) stored to the destinations
   kProfDispatchSignal = 2,  // dispatch, last block: signal every peer, wait for every peer
-  kProfStdPlan = 3,         // standard-MoE plan: token ranks per expert, counts published
+  kProfStdPlan = 3,         // standard-MoE plan: token ranks per expert, counts published (fused: the
+                            // dispatch blocks' count of the tokens before theirs)
   kProfStdExpand = 4,       // standard-MoE dispatch: received rows copied into the 3-D layout
   kProfCombineStage = 5,    // combine phase 0: rows pushed to their sources (or quantised / staged)
   kProfCombineBarrier = 6,  // combine: signal the round, wait for every peer

@@ -2,7 +2,8 @@
 // and the standalone converters convert_dispatch_output / convert_combine_input.
 // Layout and ordering rules: ep_std_layout.cuh.
 //
-// dispatch_standard_moe = StdPlanKernel + DispatchKernel<_, kStd = true> + StdExpandKernel:
+// dispatch_standard_moe, three-launch path (MORI_EP_STD_FUSED=0) =
+// StdPlanKernel + DispatchKernel<_, kStdPlanned> + StdExpandKernel:
 //   the plan sets one bit per (expert, token) of this rank, the last block turns
 //   each expert's bitmap into per-word prefix counts and publishes the expert
 //   totals to every rank (then a release flag); the dispatch sends every row once
@@ -10,6 +11,10 @@
 //   among this rank's rows of that expert; the expand kernel on the receiving side
 //   copies each received row to its final 3-D positions (earlier sources' counts +
 //   that position), a local copy.
+// The fused path (default) = DispatchKernel<_, kStdFused> + StdExpandKernel: the
+//   dispatch kernel ranks the tokens and sends the counts itself (ep_dispatch.cu);
+//   MORI_EP_STD_FUSED=2: DispatchKernel<_, kStdOneLaunch> alone, the expand
+//   (StdExpandRows) as its tail.
 // convert_dispatch_output = ConvertPlanKernel + ConvertScatterKernel on the
 //   receiving side: the same bitmap ranking over (source rank, source token) of the
 //   received rows, then one copy of each row per distinct local expert.
@@ -70,93 +75,21 @@ __global__ void __launch_bounds__(kStdPlanThreads) StdPlanKernel(EpKernelArgs a,
   MORI_PROF_END(a, kProfStdPlan, round);
 }
 
-// dispatch_standard_moe, receiving side, right after the dispatch kernel: every
-// received row to each of its distinct local experts' [expert][position] slots.
-// position = rows that earlier sources send to the expert (their published counts)
-// + the row's position among its own source's rows of the expert (std_rel, written
-// by the source's dispatch). Block 0 writes packed_count and the layout ranges.
-__global__ void __launch_bounds__(kDispatchMaxThreads) StdExpandKernel(EpKernelArgs a, int row_bytes) {
+// dispatch_standard_moe, receiving side, right after the dispatch kernel: StdExpandRows.
+__global__ void __launch_bounds__(kDispatchMaxThreads) StdExpandKernel(EpKernelArgs a, int row_bytes, bool planned) {
   extern __shared__ int32_t s_base[];  // [world][experts_per_rank]: rows of sources before s, per local expert
   const EpGeometry& g = a.geo;
-  EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
-  const uint32_t round = st->dispatch_epoch;
+  const uint32_t round = a.buf.sync->dispatch_epoch;
   MORI_PROF_BEGIN(a, kProfStdExpand, round);
-  const int tid = threadIdx.x, T = blockDim.x, epr = g.experts_per_rank, ne = g.num_experts;
+  const int tid = threadIdx.x;
   // Each source's plan published its counts (then fenced and released its flag) before the
-  // dispatch that this rank's dispatch kernel waited for: the wait only bounds the check.
+  // dispatch that this rank's dispatch kernel waited for: the wait only bounds the check. The
+  // fused dispatch sends them before its round signal, which that kernel waited for.
   bool ok = true;
-  if (tid < g.world) ok = WaitRound(a, a.buf.std_flags + tid, round, kPhaseDispatch, tid);
+  if (planned && tid < g.world) ok = WaitRound(a, a.buf.std_flags + tid, round, kPhaseDispatch, tid);
   if (!__syncthreads_and(ok)) return;
-  const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * ne;
-  for (int el = tid; el < epr; el += T) {
-    const int e = g.rank * epr + el;
-    int run = 0;
-    for (int s = 0; s < g.world; ++s) {
-      const int c = LoadRelaxedSys(counts + static_cast<size_t>(s) * ne + e);
-      s_base[s * epr + el] = run;
-      if (blockIdx.x == 0)
-        a.std.layout_range[static_cast<size_t>(el) * g.world + s] =
-            static_cast<int64_t>(static_cast<uint32_t>(c)) | (static_cast<int64_t>(run) << 32);
-      run += c;
-    }
-    if (blockIdx.x == 0) a.std.packed_count[el] = run;
-  }
-  __syncthreads();
-  const int total = st->total_recv, vecs = row_bytes / 16, lane = LaneId(), topk = g.topk;
-  const int nwarps = T / kWarpSize;
-  const int gwarp = blockIdx.x * nwarps + tid / kWarpSize, total_warps = gridDim.x * nwarps;
-  int parts = max(1, total_warps / max(total, 1));
-  parts = min(parts, max(1, vecs / kWarpSize));
-  const int vpp = (vecs + parts - 1) / parts;
-  for (int item = gwarp; item < total * parts; item += total_warps) {
-    const int i = item % total, part = item / total;
-    const int32_t flat = a.buf.src_pos[i];
-    const int s = flat / g.max_send;
-    // lane k: packed row of entry k (-1: not an expert of this rank), dup = repeats an earlier expert
-    const int e = lane < topk ? a.buf.dispatch_out_indices[static_cast<size_t>(i) * topk + lane] : -1;
-    const int rel = lane < topk ? a.std.std_rel[static_cast<size_t>(i) * topk + lane] : -1;
-    bool dup = false;
-    for (int j = 0; j < topk; ++j) {
-      const int ej = ShflIdx(e, j);  // every lane shuffles (no short-circuit around it)
-      dup |= j < lane && ej == e;
-    }
-    const int el = e - g.rank * epr;
-    const int row = (rel >= 0 && el >= 0 && el < epr) ? el * g.tpe + s_base[s * epr + el] + rel : -1;
-    if (part == 0) {
-      if (lane < topk) a.std.std_row[static_cast<size_t>(i) * topk + lane] = row;
-      if (row >= 0 && !dup) a.std.packed_src_info[row] = flat;
-      if (g.scale_bytes > 0) {
-        for (int k = 0; k < topk; ++k) {
-          const int rk = ShflIdx(row, k), dk = ShflIdx(dup ? 1 : 0, k);
-          if (rk < 0 || dk) continue;
-          CopySmall(a.std.packed_scales + static_cast<size_t>(rk) * g.scale_bytes,
-                    a.buf.dispatch_out_scales + static_cast<size_t>(i) * g.scale_bytes, g.scale_bytes, lane);
-        }
-      }
-    }
-    const int4* src = reinterpret_cast<const int4*>(a.buf.dispatch_out + static_cast<size_t>(i) * row_bytes);
-    const int v1 = min(vecs, (part + 1) * vpp);
-    constexpr int kUnroll = 4;
-    for (int v0 = part * vpp; v0 < v1; v0 += kWarpSize * kUnroll) {
-      int4 xv[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int v = v0 + lane + u * kWarpSize;
-        if (v < v1) xv[u] = LoadPeer(src + v);
-      }
-      for (int k = 0; k < topk; ++k) {
-        const int rk = ShflIdx(row, k), dk = ShflIdx(dup ? 1 : 0, k);
-        if (rk < 0 || dk) continue;
-        int4* dst = reinterpret_cast<int4*>(a.std.packed_x + static_cast<size_t>(rk) * row_bytes);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int v = v0 + lane + u * kWarpSize;
-          if (v < v1) Store16(dst + v, xv[u]);
-        }
-      }
-    }
-  }
+  StdExpandRows(a, row_bytes, round, s_base);
   MORI_PROF_END(a, kProfStdExpand, round);
 }
 
@@ -312,10 +245,11 @@ void LaunchStdPlan(const EpKernelArgs& args, const int32_t* indices, int num_tok
   MORI_GPU_CHECK(gpuGetLastError());
 }
 
-void LaunchStdExpand(const EpKernelArgs& args, int row_bytes, int blocks, int warps, gpuStream_t stream) {
+void LaunchStdExpand(const EpKernelArgs& args, int row_bytes, bool planned, int blocks, int warps,
+                     gpuStream_t stream) {
   // world x experts_per_rank ints: at most 8 x 256 (the handle checks the expert count), under 48 KiB.
   const size_t smem = sizeof(int32_t) * static_cast<size_t>(args.geo.world) * args.geo.experts_per_rank;
-  dev::StdExpandKernel<<<blocks, warps * dev::kWarpSize, smem, stream>>>(args, row_bytes);
+  dev::StdExpandKernel<<<blocks, warps * dev::kWarpSize, smem, stream>>>(args, row_bytes, planned);
   MORI_GPU_CHECK(gpuGetLastError());
 }
 

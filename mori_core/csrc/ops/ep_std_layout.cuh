@@ -75,6 +75,165 @@ __device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan
   }
 }
 
+// Fused ranking (kStdFused): no kernel before the dispatch and no wait between its blocks. A
+// block of tokens [begin, end) counts per expert the tokens before `begin` routed to it from the
+// top-k ids (every block for itself, in shared memory), then per round of tokens [r0, r0 + cnt)
+// ranks each (token, expert) among the round's tokens by the expert's token bitmap (the block set
+// those bits itself; words shared with a neighbour's tokens are masked), and adds the round's
+// counts. The block of the last token then holds the rank's per-expert totals and sends them
+// with the dispatch's signal (receivers need them only after waiting for that signal).
+
+// Before the block's first round: clears the other parity's bitmap words that its last use set
+// (the next dispatch_standard_moe sets bits there) and sets s_cnt[e] = this rank's tokens before
+// `begin` routed to expert e (a token listing e twice counts once).
+__device__ __forceinline__ void StdFusedStart(const EpKernelArgs& a, const int32_t* ids, int begin, uint32_t parity,
+                                              int32_t* s_cnt) {
+  const EpGeometry& g = a.geo;
+  const int ne = g.num_experts, words = g.tok_words, topk = g.topk, tid = threadIdx.x, T = blockDim.x;
+  uint32_t* other = a.std.plan_bits + static_cast<size_t>(parity ^ 1) * ne * words;
+  const int stale = a.buf.sync->plan_words[parity ^ 1];
+  const int gtid = blockIdx.x * T + tid, gthreads = gridDim.x * T;
+  for (int i = gtid; i < ne * stale; i += gthreads) other[static_cast<size_t>(i / stale) * words + i % stale] = 0;
+  for (int e = tid; e < ne; e += T) s_cnt[e] = 0;
+  __syncthreads();
+  for (int t = tid; t < begin; t += T) {
+    const int32_t* row = ids + static_cast<size_t>(t) * topk;
+    for (int k = 0; k < topk; ++k) {
+      const int e = row[k];
+      bool first = e >= 0 && e < ne;
+      for (int j = 0; j < k && first; ++j) first = row[j] != e;
+      if (first) atomicAdd(s_cnt + e, 1);
+    }
+  }
+  __syncthreads();
+}
+
+// Set bits [lo, hi) of a bitmap that other blocks may still be setting outside that range.
+__device__ __forceinline__ int CountBitsIn(const uint32_t* bits, int lo, int hi) {
+  int c = 0;
+  if (lo >= hi) return 0;
+  for (int w = lo >> 5; w <= (hi - 1) >> 5; ++w) {
+    uint32_t x = *reinterpret_cast<const volatile uint32_t*>(bits + w);  // set by atomics of this block
+    if (w == lo >> 5) x &= ~0u << (lo & 31);
+    if (w == hi >> 5) x &= (1u << (hi & 31)) - 1u;
+    c += __popc(x);
+  }
+  return c;
+}
+
+// StdTokenRel of the fused ranking: token t of the round starting at r0, whose bits the block set
+// in `bits` (this dispatch's parity) and s_cnt counting the tokens before r0. Returns the mask of
+// k entries that are their expert's first entry in the token (the caller adds those to s_cnt once
+// every token of the round is ranked).
+__device__ __forceinline__ uint64_t StdTokenRelFused(const EpKernelArgs& a, const uint32_t* bits,
+                                                     const int32_t* s_cnt, int r0, int t, const int32_t* ids,
+                                                     int32_t* rel) {
+  const EpGeometry& g = a.geo;
+  uint64_t firsts = 0;  // top-k is at most the warp size (64 on AMD)
+  for (int k = 0; k < g.topk; ++k) {
+    const int e = ids[k];
+    int r = -1;
+    if (e >= 0 && e < g.num_experts) {
+      int first = k;
+      for (int j = 0; j < k; ++j)
+        if (ids[j] == e) {
+          first = j;
+          break;
+        }
+      if (first < k) {
+        r = rel[first];
+      } else {
+        r = s_cnt[e] + CountBitsIn(bits + static_cast<size_t>(e) * g.tok_words, r0, t);
+        firsts |= 1ull << k;
+      }
+    }
+    rel[k] = r;
+  }
+  return firsts;
+}
+
+// The expand of dispatch_standard_moe (StdExpandKernel, or the tail of the one-launch dispatch),
+// once this rank's dispatch of `round` has waited for every source: every received row to each of
+// its distinct local experts' [expert][position] slots. position = rows that earlier sources send
+// to the expert (their counts, std_counts) + the row's position among its own source's rows of
+// the expert (std_rel, written by the source's dispatch). Block 0 writes packed_count and the
+// layout ranges. s_base: [world][experts_per_rank] shared ints.
+__device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_bytes, uint32_t round, int32_t* s_base) {
+  const EpGeometry& g = a.geo;
+  const int tid = threadIdx.x, T = blockDim.x, epr = g.experts_per_rank, ne = g.num_experts;
+  const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * ne;
+  for (int el = tid; el < epr; el += T) {
+    const int e = g.rank * epr + el;
+    int run = 0;
+    for (int s = 0; s < g.world; ++s) {
+      const int c = LoadRelaxedSys(counts + static_cast<size_t>(s) * ne + e);
+      s_base[s * epr + el] = run;
+      if (blockIdx.x == 0)
+        a.std.layout_range[static_cast<size_t>(el) * g.world + s] =
+            static_cast<int64_t>(static_cast<uint32_t>(c)) | (static_cast<int64_t>(run) << 32);
+      run += c;
+    }
+    if (blockIdx.x == 0) a.std.packed_count[el] = run;
+  }
+  __syncthreads();
+  // volatile: the one-launch tail's blocks read the sync state (its cache line) before its last block set it
+  const int total = *reinterpret_cast<volatile int32_t*>(&a.buf.sync->total_recv);
+  const int vecs = row_bytes / 16, lane = LaneId(), topk = g.topk;
+  const int nwarps = T / kWarpSize;
+  const int gwarp = blockIdx.x * nwarps + tid / kWarpSize, total_warps = gridDim.x * nwarps;
+  int parts = max(1, total_warps / max(total, 1));
+  parts = min(parts, max(1, vecs / kWarpSize));
+  const int vpp = (vecs + parts - 1) / parts;
+  for (int item = gwarp; item < total * parts; item += total_warps) {
+    const int i = item % total, part = item / total;
+    const int32_t flat = a.buf.src_pos[i];
+    const int s = flat / g.max_send;
+    // lane k: packed row of entry k (-1: not an expert of this rank), dup = repeats an earlier expert
+    const int e = lane < topk ? a.buf.dispatch_out_indices[static_cast<size_t>(i) * topk + lane] : -1;
+    const int rel = lane < topk ? a.std.std_rel[static_cast<size_t>(i) * topk + lane] : -1;
+    bool dup = false;
+    for (int j = 0; j < topk; ++j) {
+      const int ej = ShflIdx(e, j);  // every lane shuffles (no short-circuit around it)
+      dup |= j < lane && ej == e;
+    }
+    const int el = e - g.rank * epr;
+    const int row = (rel >= 0 && el >= 0 && el < epr) ? el * g.tpe + s_base[s * epr + el] + rel : -1;
+    if (part == 0) {
+      if (lane < topk) a.std.std_row[static_cast<size_t>(i) * topk + lane] = row;
+      if (row >= 0 && !dup) a.std.packed_src_info[row] = flat;
+      if (g.scale_bytes > 0) {
+        for (int k = 0; k < topk; ++k) {
+          const int rk = ShflIdx(row, k), dk = ShflIdx(dup ? 1 : 0, k);
+          if (rk < 0 || dk) continue;
+          CopySmall(a.std.packed_scales + static_cast<size_t>(rk) * g.scale_bytes,
+                    a.buf.dispatch_out_scales + static_cast<size_t>(i) * g.scale_bytes, g.scale_bytes, lane);
+        }
+      }
+    }
+    const int4* src = reinterpret_cast<const int4*>(a.buf.dispatch_out + static_cast<size_t>(i) * row_bytes);
+    const int v1 = min(vecs, (part + 1) * vpp);
+    constexpr int kUnroll = 4;
+    for (int v0 = part * vpp; v0 < v1; v0 += kWarpSize * kUnroll) {
+      int4 xv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + lane + u * kWarpSize;
+        if (v < v1) xv[u] = LoadPeer(src + v);
+      }
+      for (int k = 0; k < topk; ++k) {
+        const int rk = ShflIdx(row, k), dk = ShflIdx(dup ? 1 : 0, k);
+        if (rk < 0 || dk) continue;
+        int4* dst = reinterpret_cast<int4*>(a.std.packed_x + static_cast<size_t>(rk) * row_bytes);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int v = v0 + lane + u * kWarpSize;
+          if (v < v1) Store16(dst + v, xv[u]);
+        }
+      }
+    }
+  }
+}
+
 // Standard MoE: vectors [v0b, v1) of sum_k w_k * packed[row_k] for received token i
 // (fp32, products rounded alone, k in order; rows of other ranks' experts are -1),
 // rounded to the row dtype, stored to dst_row as is or FP8-quantised.

@@ -41,6 +41,13 @@ enum EpCombineMode : int32_t {
   kCombinePush = 1,      // this rank writes every row into its source's staging buffer
   kCombineCopyPull = 2,  // the caller's rows are copied into the registered buffer, then pull
 };
+// How a dispatch ranks rows for the standard-MoE layout (DispatchParams::standard_moe).
+enum EpStdMode : int32_t {
+  kStdOff = 0,      // plain 2-D dispatch
+  kStdPlanned = 1,  // StdPlanKernel ran first: positions from its bitmaps and prefix counts
+  kStdFused = 2,    // the dispatch kernel ranks its own tokens (ep_std_layout.cuh), no plan kernel
+  kStdOneLaunch = 3,  // kStdFused, and the expand is the dispatch kernel's tail (no expand kernel)
+};
 enum EpPhase : int32_t { kPhaseDispatch = 1, kPhaseCombine = 2 };
 
 // Host-mapped (pinned) memory: kernels write, the host reads without syncing.
@@ -71,9 +78,9 @@ struct EpSyncState {
   uint32_t std_round;        // dispatch round whose standard-MoE layout is current (0: none)
   int32_t dispatch_weighted; // the last dispatch carried gating weights
   int32_t plan_words[2];     // token-bitmap words the plan of each parity set (cleared before its reuse)
-  // Standard-MoE plans run so far: the token bitmaps alternate per plan (parity std_plans & 1), not
-  // per dispatch round, because plain dispatches may run between two plans and each plan clears
-  // the bitmap the plan before it set.
+  // Standard-MoE plans run so far (plan kernels, or fused standard-MoE dispatches): the token
+  // bitmaps alternate per plan (parity std_plans & 1), not per dispatch round, because plain
+  // dispatches may run between two plans and each plan clears the bitmap the plan before it set.
   uint32_t std_plans;
   // Staged push combine: pusher blocks that finished chunk k (the last one resets it), and the
   // work-queue heads of each chunk's reduce, by combine round parity (each launch clears the other).
@@ -121,7 +128,8 @@ struct EpBuffers {
   EpErrorRecord* error;         // device alias of the host-mapped record
   // standard-MoE count exchange (symmetric, zeroed with the op; written by peers)
   int32_t* std_counts;          // [2][world][num_experts]: rows each source sends to each expert, by round parity
-  uint32_t* std_flags;          // [kMaxWorld]: round whose counts each source published
+  uint32_t* std_flags;          // [kMaxWorld]: round whose counts each source's plan kernel published
+                                // (the fused dispatch sends the counts before its round signal instead)
   // symmetric, written by peers: tokens each source dispatched, by dispatch round parity
   // ([2][kMaxWorld]; the staged push combine cuts every source's tokens into the same chunks
   // on both sides), and the combine round up to whose chunk k each source has pushed
@@ -170,7 +178,11 @@ struct DispatchRows {
 };
 
 struct DispatchParams : DispatchRows {
-  int32_t standard_moe;   // 1: write rows straight into the destinations' 3-D standard-MoE layout
+  // EpStdMode: 0 plain; else every row also carries its position among this rank's rows of each
+  // of its experts (1: ranked by the plan kernel before, 2 and 3: by the dispatch kernel itself)
+  int32_t standard_moe;
+  // Blocks that send tokens (0: all). kStdOneLaunch launches more blocks for its expand tail.
+  int32_t send_blocks;
 };
 
 struct CombineParams {

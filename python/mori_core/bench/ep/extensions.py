@@ -11,13 +11,17 @@
   is the FP8 result against the BF16 combine of the same inputs (relative L2 and max |diff|).
 * Standard-MoE layout (``--std-moe``, token counts up to 512: the 3-D buffers hold
   ``experts_per_rank x world x tokens`` rows): dispatch_standard_moe / combine_standard_moe next
-  to the plain dispatch / combine of the same op.
+  to the plain dispatch / combine of the same op. ``--std-moe-paths 0,1,2`` also times each of
+  those ``MORI_EP_STD_FUSED`` paths (0 three launches, 1 two, 2 one) on an op of its own, in the
+  same run (rows ``... [MORI_EP_STD_FUSED=v]``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import statistics
 from typing import Any, Callable
 
@@ -25,6 +29,7 @@ from mori_core.bench.ep.measure import timing_columns_note
 from mori_core.placement import Placement
 
 STD_MAX_TOKENS = 512
+STD_PATH_ENV = "MORI_EP_STD_FUSED"
 QUANT_TYPES = ("fp8_direct_cast", "fp8_blockwise")
 
 
@@ -33,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp8-combine", action="store_true", help="also time FP8 combine (both quant types, push and pull)")
     p.add_argument("--std-moe", action="store_true",
                    help=f"also time dispatch/combine_standard_moe (token counts <= {STD_MAX_TOKENS})")
+    p.add_argument("--std-moe-paths", default="",
+                   help=f"with --std-moe: comma-separated {STD_PATH_ENV} values (0, 1, 2) also timed, one op each")
 
 
 def extension_rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: Any,
@@ -105,14 +112,41 @@ def _fp8_rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, x: Any, w: An
     return out
 
 
+@contextlib.contextmanager
+def _std_path(value: str | None):
+    """MORI_EP_STD_FUSED=value while an op is built (it reads it then); None: as the run has it."""
+    saved = os.environ.get(STD_PATH_ENV)
+    if value is not None:
+        os.environ[STD_PATH_ENV] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(STD_PATH_ENV, None)
+        else:
+            os.environ[STD_PATH_ENV] = saved
+
+
 def _std_rows(cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: Any, measure: Callable[..., dict],
               sync: Callable) -> list[dict]:
+    rows = _std_path_rows(cfg, args, n, x, w, idx, measure, sync, None)
+    for value in [v.strip() for v in getattr(args, "std_moe_paths", "").split(",") if v.strip()]:
+        rows += _std_path_rows(cfg, args, n, x, w, idx, measure, sync, value)
+    return rows
+
+
+def _std_path_rows(cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: Any,
+                   measure: Callable[..., dict], sync: Callable, path: str | None) -> list[dict]:
+    """The standard-MoE rows on an op built with MORI_EP_STD_FUSED=path (None: the run's setting,
+    with the 2-D rows of the same op); the path's rows are named after it."""
     import torch
 
     from mori_core.ops import EpDispatchCombineOp
 
     h = x.shape[1]
-    op = EpDispatchCombineOp(dataclasses.replace(cfg, max_num_inp_token_per_rank=max(n, 1), scale_dim=0))
+    with _std_path(path):
+        op = EpDispatchCombineOp(dataclasses.replace(cfg, max_num_inp_token_per_rank=max(n, 1), scale_dim=0))
+    tag = "" if path is None else f" [{STD_PATH_ENV}={path}]"
     rows: list[dict] = []
     try:
         packed, count, _, _ = op.dispatch_standard_moe(x, w, None, idx)
@@ -130,6 +164,8 @@ def _std_rows(cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: A
             ("dispatch_standard_moe + combine_standard_moe",
              lambda: (op.dispatch_standard_moe(x, w, None, idx), op.combine_standard_moe(y3, None, idx)), packed_rows),
         ]
+        if path is not None:
+            timed = [(name + tag, fn, nrows) for name, fn, nrows in timed if "standard_moe" in name]
         for name, fn, nrows in timed:
             rows.append(measure(fn, args, sync, kernel=name, dtype="bf16", tokens=n, recv=nrows, bytes=nrows * h * 2,
                                 blocks=0, warps=0, mode="std", ext="std"))
