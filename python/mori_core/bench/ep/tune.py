@@ -11,7 +11,7 @@ the combine-kernel choice (``launch_config.combine_mode``), per token count of `
   grid (BF16 push call and FP8 direct cast), at the largest token count;
 * **overlapped push**: ``MORI_EP_PUSH_OVERLAP`` 0 (push, barrier, reduce) against 1 (reduce while
   the rows arrive) x ``MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS``, same calls, at every swept token count
-  (``--tune-push`` runs only the two push sweeps: a quick A/B).
+  (``--tune-push`` runs only this sweep: a quick A/B).
 
 Variants that are read when an op is built (the combine kernel, the staging) get an op of their
 own (collective: every rank builds and closes the same ops in the same order).
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sweep launch grids, combine kernels and push staging (quick timing) for the launch table")
     p.add_argument("--tune-tokens", default="", help="token counts to sweep (default: every --tokens value)")
     p.add_argument("--tune-push", action="store_true",
-                   help="with --tune: only the push-combine sweeps (staged, overlapped against not)")
+                   help="with --tune: only the overlapped-push sweep (MORI_EP_PUSH_OVERLAP 0 against 1 x reducer blocks)")
 
 
 @contextlib.contextmanager
@@ -113,6 +113,7 @@ def rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, inputs: dict, sync
                         p = o._cached_combine_launch
                         point(fn, kernel="combine fp8_direct_cast" if fp8 else "combine bf16",
                               call="push" if push else "pull", algo=algo, blocks=p.block_num, warps=p.warp_per_block)
+
     def push_point(env: dict[str, str], quant: str, what: str, **row: Any) -> None:
         env = dict(env, MORI_EP_COMBINE_ALGO="push")
         with variant_op(dataclasses.replace(cfg, quant_type=quant), env, sync) as o:
@@ -122,7 +123,7 @@ def rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, inputs: dict, sync
             point(fn, kernel=f"combine {'bf16' if quant == 'none' else quant} ({what})", call="push", algo="push",
                   blocks=p.block_num, warps=p.warp_per_block, **row)
 
-    if n == max(wanted):
+    if grids and n == max(wanted):
         for stage_tokens in STAGE_TOKENS:
             for reduce_blocks in REDUCE_BLOCKS:
                 env = {"MORI_EP_PUSH_STAGE_TOKENS": str(stage_tokens), "MORI_EP_PUSH_REDUCE_BLOCKS": str(reduce_blocks),
