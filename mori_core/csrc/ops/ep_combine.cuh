@@ -305,8 +305,7 @@ __device__ __forceinline__ void SignalPushed(const EpKernelArgs& a, int k, int P
 // soon as every row it waits for is flagged (push_rows[r][t] == round), in whatever order they
 // become ready: a row's arrival time depends on where it sits in its destination's push order,
 // not on t. Lanes poll one token each (a window of kWarpSize at a time), the warp reduces the ready
-// ones.
-// Bounded: no progress within the op timeout reports the rank whose row is missing.
+// ones. Bounded: no progress within the op timeout reports the rank whose row is missing.
 template <typename Tag, int kWorld, int kQuant>
 __device__ __forceinline__ bool ReduceWhenPushed(const EpKernelArgs& a, const CombineParams& p, uint32_t round,
                                                  int rw, int RW, bool staged, bool use_w, int lane) {
