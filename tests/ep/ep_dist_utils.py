@@ -248,7 +248,7 @@ def single_rank_config(**fields: Any) -> EpDispatchCombineConfig:
 
 @contextlib.contextmanager
 def op_env(env: Optional[dict[str, str]]) -> Iterator[None]:
-    """``env`` set while an EP op is built (it reads MORI_EP_PUSH_STAGE_TOKENS,
+    """``env`` set while an EP op is built (it reads MORI_EP_PUSH_STAGE_TOKENS, MORI_EP_PUSH_OVERLAP*,
     MORI_EP_PUSH_REDUCE_BLOCKS and MORI_EP_COMBINE_ALGO once, then), restored afterwards."""
     env = env or {}
     saved = {k: os.environ.get(k) for k in env}

@@ -88,6 +88,7 @@ def test_bench_ep_options_parse() -> None:
     args = p.parse_args(["--deepep", "--deepep-sms", "24,132", "--tune", "--tune-tokens", "4096", "--plot", "x.png"])
     assert args.deepep and args.deepep_sms == "24,132" and args.tune and args.plot == "x.png"
     assert p.parse_args([]).deepep_dispatch_chunks == deepep_normal.DEFAULT_DISPATCH_CHUNKS
+    assert p.parse_args(["--tune", "--tune-push"]).tune_push and not p.parse_args(["--tune"]).tune_push
 
 
 def test_plot_panels_drop_missing_points_and_need_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -143,7 +144,9 @@ def _rank_rows(rank: int) -> list[dict]:
     rows += [dict(t, lib="deepep", kernel="dispatch bf16 (with top-k)", sms=24, chunk=8, mean_us=50.0),
              dict(table="deepep_check", tokens=n, what="combine output (bf16)", equal=True, max_abs_diff=0.0),
              dict(table="tune", tokens=n, kernel="combine bf16", call="push", algo="push", blocks=32, warps=4,
-                  mean_us=24.0, median_us=24.0, min_us=23.0, host_us=5.0)]
+                  mean_us=24.0, median_us=24.0, min_us=23.0, host_us=5.0),
+             dict(table="tune", tokens=n, kernel="combine bf16 (overlap)", call="push", algo="push", blocks=132,
+                  warps=16, overlap="1", reduce_blocks=-1, mean_us=22.0, median_us=22.0, min_us=21.0, host_us=5.0)]
     rows += [dict(base, kernel="nccl a2a (dispatch)", dtype="bf16", mode="-", **_timing(30.0))]
     return rows
 
@@ -170,6 +173,7 @@ def test_ep_report_tables_targets_and_plot(monkeypatch: pytest.MonkeyPatch, caps
     assert ["128", "dispatch_standard_moe / 2-D dispatch", "1.20x", "<= 1.3x", "yes"] in cells
     assert ["128", "dispatch_standard_moe [MORI_EP_STD_FUSED=0] / 2-D dispatch", "2.00x", "<= 1.3x", "no"] in cells
     assert ["128", "combine output (bf16)", "yes", "0"] in cells
+    assert ["combine bf16 (overlap)", "push", "push", "128", "132x16", "-", "1", "-1", "22.0", "5.00"] in cells
     try:
         import matplotlib  # noqa: F401
     except ImportError:

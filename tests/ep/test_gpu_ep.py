@@ -38,6 +38,8 @@ TOPK = 8
 STAGE = "MORI_EP_PUSH_STAGE_TOKENS"  # staged push: tokens per chunk
 REDUCE = "MORI_EP_PUSH_REDUCE_BLOCKS"  # staged push: blocks that only reduce
 ALGO = "MORI_EP_COMBINE_ALGO"  # the combine kernel a call runs (push / pull)
+OVERLAP = "MORI_EP_PUSH_OVERLAP"  # overlapped push: 0 / 1 / auto (large rounds)
+OVERLAP_REDUCE = "MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS"  # overlapped push: blocks that only reduce
 ROUNDS = int(os.environ.get("MORI_TEST_ROUNDS", "1000"))  # back-to-back rounds (tools/gpu sections lower it)
 
 
@@ -368,6 +370,11 @@ def _suite(rank: int, world: int) -> None:
         # weights in the dispatch outputs (own rows staged) or not, reducer blocks or none
         (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True, {STAGE: "48"}),
         (4096, torch.float32, 0, torch.float32, True, False, {STAGE: "48", REDUCE: "0"}),
+        # overlapped push (every round, whatever its size): reducer blocks (half the grid) or every
+        # block once it has pushed; own rows staged (weights in place) or read in place; FP8 dispatch
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True, {OVERLAP: "1"}),
+        (4096, torch.float32, 0, torch.float32, True, False, {OVERLAP: "1", OVERLAP_REDUCE: "0"}),
+        (HIDDEN_BIG, fp8, 56, torch.bfloat16, True, False, {OVERLAP: "1"}),
         # the other kernel of each call: copy-pull for push calls, the push kernel (staged) for a pull call
         (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, False, {ALGO: "pull"}),
         (4096, torch.float32, 0, torch.float32, True, True, {ALGO: "pull"}),
@@ -392,36 +399,48 @@ def _suite(rank: int, world: int) -> None:
         dist.barrier()
 
     # Prefill size (issue #31: the bench's DeepEP comparison runs 4096 tokens per rank; the matrix
-    # above stops at 192): one round each of the default push (unstaged), a staged push (512-token
-    # chunks on a full grid) and the pull kernel, ragged (one rank 3001 tokens), bit-exact.
+    # above stops at 192): one round each of the push-barrier-reduce kernel, a staged push (512-token
+    # chunks on a full grid), the pull kernel, and the default push (overlapped from 8192 tokens in
+    # all: at EP4 here; the rank with `few` tokens guesses small and runs the plain kernel in the
+    # overlapped round, the others the overlap kernel), ragged, bit-exact.
     # (Up to EP4: EP8 runs with ranks sharing GPUs, where 8 x 4096 rows only add time.)
-    prefill = [({}, True, (-1, -1)), ({STAGE: "512"}, True, (132, 16)), ({}, False, (-1, -1))] if world <= 4 else []
-    for ci, (env, push, launch) in enumerate(prefill):
+    prefill = [
+        # env, push, launch, weights in place, tokens of one rank
+        ({OVERLAP: "0"}, True, (-1, -1), True, 3001),
+        ({STAGE: "512"}, True, (132, 16), False, 3001),
+        ({}, False, (-1, -1), False, 3001),
+        ({}, True, (-1, -1), False, 1000),
+    ] if world <= 4 else []
+    for ci, (env, push, launch, in_place, few) in enumerate(prefill):
         cfg = _config(rank, world, HIDDEN_BIG, 4096, push=push, max_type=2)
         with op_env(env):
             op = EpDispatchCombineOp(cfg)
         ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
         counts = [4096] * world
-        counts[ci % world] = 3001
+        counts[ci % world] = few
         data = _all_inputs(7000 + ci, world, counts, HIDDEN_BIG, torch.bfloat16, 0, dev)
-        _round(op, ref, cfg, data, push, torch.bfloat16, torch.bfloat16, ci == 0, launch=launch)
+        _round(op, ref, cfg, data, push, torch.bfloat16, torch.bfloat16, in_place, launch=launch)
         del data
         op.close()
         dist.barrier()
 
-    # CUDA graph capture and replay with fresh data in the captured tensors every replay.
-    cfg = _config(rank, world, HIDDEN_BIG, 128, push=True, max_type=2)
-    op = EpDispatchCombineOp(cfg)
-    ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
-    _graph_rounds(
-        op, ref, cfg, dev, [96 + 4 * r for r in range(world)], HIDDEN_BIG, op.dispatch,
-        lambda y, w, idx: op.combine(y, w, idx, use_external_inp_buf=1), replays=5,
-    )
-    op.close()
-    dist.barrier()
+    # CUDA graph capture and replay with fresh data in the captured tensors every replay (push
+    # kernel, then the overlapped push).
+    for env in ({}, {OVERLAP: "1"}):
+        cfg = _config(rank, world, HIDDEN_BIG, 128, push=True, max_type=2)
+        with op_env(env):
+            op = EpDispatchCombineOp(cfg)
+        ref = ReferenceEpDispatchCombineOp(cfg, device=dev)
+        _graph_rounds(
+            op, ref, cfg, dev, [96 + 4 * r for r in range(world)], HIDDEN_BIG, op.dispatch,
+            lambda y, w, idx: op.combine(y, w, idx, use_external_inp_buf=1), replays=5,
+        )
+        op.close()
+        dist.barrier()
 
     _back_to_back(rank, world, dev, rounds=ROUNDS, push=False)
     _back_to_back(rank, world, dev, rounds=ROUNDS, push=True, env={STAGE: "32"})
+    _back_to_back(rank, world, dev, rounds=ROUNDS, push=True, env={OVERLAP: "1"})
 
     _bad_input_on_the_hot_path(rank, world, dev)
 
@@ -478,6 +497,7 @@ def _rounds_only(rank: int, world: int, rounds: int) -> None:
     for push in (False, True):
         _back_to_back(rank, world, dev, rounds=rounds, push=push)
     _back_to_back(rank, world, dev, rounds=rounds, push=True, env={STAGE: "32"})
+    _back_to_back(rank, world, dev, rounds=rounds, push=True, env={OVERLAP: "1"})
     import mori_core.shmem as shmem
 
     shmem.shmem_finalize()
@@ -485,8 +505,8 @@ def _rounds_only(rank: int, world: int, rounds: int) -> None:
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_back_to_back_rounds(world: int) -> None:
-    """Only the back-to-back rounds, pull, push, then a staged push (chunks of 32 tokens; MORI_TEST_ROUNDS,
-    default 1000): the stress the small-batch synchronisation changes of issue #19 were judged under
+    """Only the back-to-back rounds, pull, push, a staged push (chunks of 32 tokens), then an overlapped
+    push (MORI_TEST_ROUNDS, default 1000): the stress the small-batch synchronisation changes of issue #19 were judged under
     (tools/gpu/ep.sh stress)."""
     _need(world)
     run_ranks(_rounds_only, world, backend="nccl", timeout=420, env={"MORI_SHMEM_HEAP_SIZE": "2G"}, rounds=ROUNDS)

@@ -46,6 +46,8 @@ ROUNDS = int(os.environ.get("MORI_TEST_ROUNDS", "100"))  # back-to-back standard
 STAGE = "MORI_EP_PUSH_STAGE_TOKENS"  # staged push combine: tokens per chunk (read when an op is built)
 ALGO = "MORI_EP_COMBINE_ALGO"
 FUSED = "MORI_EP_STD_FUSED"  # dispatch_standard_moe: 0 three launches (plan kernel first), 2 one launch
+OVERLAP = "MORI_EP_PUSH_OVERLAP"  # overlapped push combine: 0 / 1 / auto
+OVERLAP_REDUCE = "MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS"
 
 
 _need = need_ranks
@@ -352,6 +354,18 @@ def _suite(rank: int, world: int, out_path: str) -> None:
         ("std bf16 staged combine", lambda: _std_case(
             rank, world, dev, 7, 7168, torch.bfloat16, 0, 256, 8, torch.bfloat16, True, False, "none", (-1, -1),
             env={STAGE: "24"})),
+        # overlapped push (every round): FP8 transport, standard MoE (plain and FP8), every block
+        # reducing once it has pushed, few blocks
+        ("fp8_direct_cast push overlapped", lambda: _fp8_case(rank, world, dev, 17, "fp8_direct_cast", True,
+                                                                env={OVERLAP: "1"})),
+        ("fp8_blockwise push overlapped, all blocks reduce", lambda: _fp8_case(
+            rank, world, dev, 18, "fp8_blockwise", True, env={OVERLAP: "1", OVERLAP_REDUCE: "0"})),
+        ("std bf16 overlapped combine", lambda: _std_case(
+            rank, world, dev, 8, 7168, torch.bfloat16, 0, 256, 8, torch.bfloat16, True, False, "none", (-1, -1),
+            env={OVERLAP: "1"})),
+        ("std bf16 + fp8_direct_cast overlapped, launch 7x3", lambda: _std_case(
+            rank, world, dev, 9, 2048, torch.bfloat16, 0, 16, 4, torch.bfloat16, True, True, "fp8_direct_cast", (7, 3),
+            env={OVERLAP: "1"})),
         ("std graph + 100 rounds + stale layout", lambda: _graph_case(rank, world, dev)),
         ("std graph + 100 rounds + stale layout, one launch", lambda: _graph_case(rank, world, dev, {FUSED: "2"})),
     ]

@@ -16,6 +16,7 @@ using LaneMask = unsigned long long;
 __device__ __forceinline__ int LaneId() { return __lane_id(); }
 __device__ __forceinline__ LaneMask Ballot(bool p) { return __ballot(p); }
 __device__ __forceinline__ int PopCount(LaneMask m) { return __popcll(m); }
+__device__ __forceinline__ int LowestLane(LaneMask m) { return __ffsll(static_cast<long long>(m)) - 1; }
 __device__ __forceinline__ LaneMask LanesBelow(int lane) {
   return lane == 0 ? 0ull : (~0ull >> (64 - lane));
 }
@@ -66,6 +67,7 @@ using LaneMask = uint32_t;
 __device__ __forceinline__ int LaneId() { return threadIdx.x & 31; }
 __device__ __forceinline__ LaneMask Ballot(bool p) { return __ballot_sync(0xffffffffu, p); }
 __device__ __forceinline__ int PopCount(LaneMask m) { return __popc(m); }
+__device__ __forceinline__ int LowestLane(LaneMask m) { return __ffs(m) - 1; }
 __device__ __forceinline__ LaneMask LanesBelow(int lane) { return (1u << lane) - 1u; }
 __device__ __forceinline__ uint32_t WarpOr(uint32_t v) {
   for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);

@@ -11,7 +11,12 @@
 //   rank pushes its rows chunk by chunk and signals each chunk to every rank; some
 //   blocks only reduce, chunk k as soon as every rank signalled it, while chunk k+1
 //   is still crossing the links (push and reduce overlap, as DeepEP's sender and
-//   receiver blocks do).
+//   receiver blocks do). Overlapped (large rounds, MORI_EP_PUSH_OVERLAP): no chunks;
+//   each warp flags every row it pushed to the row's source right after it
+//   (push_rows[this rank][t] = round), and reducer blocks sum each token as soon as
+//   its rows are flagged, while the rest is still in flight; a chunk-wide arrival
+//   would let the slowest pusher set the pace. Every block waits for every rank's
+//   "all pushed" signal before it exits (see PushCombine).
 // Pull (kCombinePull, zero-copy): the expert outputs already sit in this rank's
 //   registered buffer; one barrier; each rank reads the rows of its tokens straight
 //   from the destination ranks' registered buffers over NVLink.
@@ -32,6 +37,7 @@
 // after its next dispatch completes, which needs our next dispatch signal.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "ops/ep_device_common.hpp"
@@ -275,27 +281,112 @@ struct WarpRun {
   }
 };
 
+// Pushers' arrival after chunk k: the last pusher block (of P) to get here signals it to every rank
+// (no fence before the release stores: the arrival's fence, see ArriveLast).
+__device__ __forceinline__ void SignalPushed(const EpKernelArgs& a, int k, int P, uint32_t round, int* s_flag) {
+  EpSyncState* st = a.buf.sync;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    FenceSys();
+    const uint32_t prev = atomicAdd(&st->stage_arrive[k], 1u);
+    const bool last = prev == static_cast<uint32_t>(P - 1);
+    if (last) {
+      st->stage_arrive[k] = 0;
+      FenceSys();
+    }
+    *s_flag = last ? 1 : 0;
+  }
+  __syncthreads();
+  if (*s_flag != 0 && static_cast<int>(threadIdx.x) < a.geo.world)
+    StoreReleaseSys(Peer(a, a.buf.push_flags + k * kMaxWorld + a.geo.rank, threadIdx.x), round);
+}
+
+// Overlapped push, reduce side: reduce warp `rw` (of RW) sums the tokens t = rw + j * RW, each as
+// soon as every row it waits for is flagged (push_rows[r][t] == round), in whatever order they
+// become ready: a row's arrival time depends on where it sits in its destination's push order,
+// not on t. Lanes poll one token each (a window of kWarpSize at a time), the warp reduces the ready
+// ones. Bounded: no progress within the op timeout reports the rank whose row is missing.
+template <typename Tag, int kWorld, int kQuant>
+__device__ __forceinline__ bool ReduceWhenPushed(const EpKernelArgs& a, const CombineParams& p, uint32_t round,
+                                                 int rw, int RW, bool staged, bool use_w, int lane) {
+  const EpGeometry& g = a.geo;
+  const int n = p.num_tokens, vecs = p.row_bytes / 16;
+  for (int w0 = rw; w0 < n; w0 += RW * kWarpSize) {
+    LaneMask pending = Ballot(w0 + lane * RW < n);
+    uint64_t since = GlobalTimerNs();
+    uint32_t sleep_ns = 0;
+    while (pending != 0) {
+      // Polled afresh every time: nothing but `pending` lives across the reduce below.
+      const int t = w0 + lane * RW;
+      const bool mine = ((pending >> lane) & 1) != 0;
+      uint32_t need = mine ? a.buf.token_mask[t] & ((1u << g.world) - 1u) : 0u;
+      if (!staged) need &= ~(1u << g.rank);  // own rows in place need no wait
+      for (uint32_t m = need; m != 0; m &= m - 1) {
+        const int r = __ffs(m) - 1;
+        if (ReachedRound(LoadAcquireSys(a.buf.push_rows + static_cast<size_t>(r) * g.max_tok + t), round))
+          need &= ~(1u << r);
+      }
+      const LaneMask ready = Ballot(mine && need == 0);
+      if (ready == 0) {
+        Backoff(sleep_ns);
+        sleep_ns = sleep_ns == 0 ? 64 : (sleep_ns >= 1024 ? 1024 : sleep_ns * 2);
+        if (OpFailed(a)) return false;
+        if (GlobalTimerNs() - since > g.timeout_ns) {
+          const int who = LowestLane(Ballot(need != 0));
+          const int tw = ShflIdx(t, who), rr = ShflIdx(__ffs(need) - 1, who);
+          if (lane == 0)
+            ReportError(a, kErrTimeout, kPhaseCombine, rr, round,
+                        *reinterpret_cast<const volatile uint32_t*>(a.buf.push_rows +
+                                                                    static_cast<size_t>(rr) * g.max_tok + tw));
+          return false;
+        }
+        continue;
+      }
+      // The lanes that acquired the flags, then the whole warp reads the rows they guard.
+      SyncWarp();
+      pending &= ~ready;
+      for (LaneMask m = ready; m != 0; m &= m - 1)
+        ReduceItem<Tag, kWorld, true, kQuant>(a, p, w0 + LowestLane(m) * RW, 0, vecs, vecs, staged, false, use_w, lane);
+      since = GlobalTimerNs();
+      sleep_ns = 0;
+    }
+  }
+  return true;
+}
+
 // The push combine. Pushers (blocks [0, P)) push their run of received rows chunk by chunk
 // (one chunk unless staged, see the file comment) and, per chunk, the last pusher block to finish
 // signals it to every rank. Every block then reduces this rank's tokens chunk by chunk, each
 // chunk as soon as every rank has signalled it; with stages > 1 the last R blocks only reduce
 // (from the start, while the pushers push), the pushers join them when they are done, and a
 // chunk's tokens come from a work queue shared by all blocks.
-template <typename Tag, int kWorld, int kQuant, bool kStd>
+// Overlapped rounds (`overlap`, one chunk; decided alike on every rank): every pushed row is
+// flagged to its source right after its stores (whole rows per warp, so one flag per row). The
+// overlap kernel (kOverlap) then has its last R blocks (all blocks once they have pushed, when
+// R = 0) reduce each token as soon as its rows are flagged; the chunk signal remains, waited for
+// by every block before it exits: a rank may start its next dispatch (which writes into the
+// peers' dispatch outputs, possibly their combine `input`) only when every peer has read all the
+// rows it pushes. The plain kernel flags the rows too but reduces after the chunk signal, so
+// ranks may run either kernel in the same round (the host picks per call). Two kernels, not one:
+// a second inlined reduce costs the plain kernel registers (spills).
+template <typename Tag, int kWorld, int kQuant, bool kStd, bool kOverlap>
 __device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const CombineParams& p, uint32_t round, int stages,
-                                            const int32_t* ntok, int total, bool rows_ok, bool staged, bool use_w,
-                                            int* s_flag) {
+                                            bool overlap, const int32_t* ntok, int total, bool rows_ok, bool staged,
+                                            bool use_w, int* s_flag) {
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   const int lane = LaneId(), nwarps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
   const int G = gridDim.x, vecs = p.row_bytes / 16;
-  const int R = stages > 1 ? min(max(p.reduce_blocks, 0), G - 1) : 0;
+  const bool overlap_reduce = kOverlap && overlap;
+  const int R = stages > 1 ? min(max(p.reduce_blocks, 0), G - 1)
+                           : (overlap_reduce ? min(max(p.overlap_reduce_blocks, 0), G - 1) : 0);
   const int P = G - R;
   constexpr int kAlign = kQuant == kQuantFp8Block ? kFp8BlockVecs : 1;
   if (static_cast<int>(blockIdx.x) < P) {
     MORI_PROF_BEGIN(a, kProfCombineStage, round);
     const bool weighted = kStd && st->dispatch_weighted != 0;
-    const RowSplit sp(total, P * nwarps, vecs, kAlign);
+    // Overlapped: whole rows per warp, so that a row is complete when its warp flags it.
+    const RowSplit sp = overlap ? RowSplit(total, 1, vecs, kAlign) : RowSplit(total, P * nwarps, vecs, kAlign);
     const WarpRun run(sp.items, blockIdx.x * nwarps + warp, P * nwarps);
     for (int k = 0; k < stages; ++k) {
       for (int item = run.begin; item < run.end; ++item) {
@@ -308,64 +399,70 @@ __device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const Combine
           if (min(ks - 1, t / PushStageTokens(ntok[s], ks)) != k) continue;
         }
         PushItem<Tag, kQuant, kStd>(a, p, i, part, sp.vpp, vecs, s, t, weighted, use_w, lane);
-      }
-      // Chunk k pushed by this block; the last pusher block to get here signals it to every rank
-      // (no fence before the release stores: the arrival's fence, see ArriveLast).
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        FenceSys();
-        const uint32_t prev = atomicAdd(&st->stage_arrive[k], 1u);
-        const bool last = prev == static_cast<uint32_t>(P - 1);
-        if (last) {
-          st->stage_arrive[k] = 0;
-          FenceSys();
+        if (overlap) {
+          // Release by one lane after the warp's stores (the warp barrier orders them before it).
+          SyncWarp();
+          if (lane == 0)
+            StoreReleaseSys(Peer(a, a.buf.push_rows + static_cast<size_t>(g.rank) * g.max_tok + t, s), round);
         }
-        *s_flag = last ? 1 : 0;
       }
-      __syncthreads();
-      if (*s_flag != 0 && static_cast<int>(threadIdx.x) < g.world)
-        StoreReleaseSys(Peer(a, a.buf.push_flags + k * kMaxWorld + g.rank, threadIdx.x), round);
+      SignalPushed(a, k, P, round, s_flag);
     }
     MORI_PROF_END(a, kProfCombineStage, round);
   }
-  // Reduce, chunk by chunk. This rank's own rows need no wait unless they were staged (its own
-  // pushers wrote them into local staging).
-  const int n = p.num_tokens;
-  const int kr = PushStages(n, p.stage_tokens), per = PushStageTokens(n, kr);
-  const int total_warps = G * nwarps, gwarp = blockIdx.x * nwarps + warp;
   const bool wait_peer = static_cast<int>(threadIdx.x) < g.world && (staged || static_cast<int>(threadIdx.x) != g.rank);
-  for (int k = 0; k < kr; ++k) {
-    const int lo = k * per, cnt = min(n, lo + per) - lo;
-    MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
+  if (overlap_reduce) {
     bool ok = true;
-    if (wait_peer) ok = WaitRound(a, a.buf.push_flags + k * kMaxWorld + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+    if (rows_ok && (R == 0 || static_cast<int>(blockIdx.x) >= P)) {
+      MORI_PROF_BEGIN(a, kProfCombineReduce, round);
+      const int first = R == 0 ? 0 : P;
+      ok = ReduceWhenPushed<Tag, kWorld, kQuant>(a, p, round, (blockIdx.x - first) * nwarps + warp,
+                                                 (G - first) * nwarps, staged, use_w, lane);
+      MORI_PROF_END(a, kProfCombineReduce, round);
+    }
+    MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
+    if (ok && wait_peer) ok = WaitRound(a, a.buf.push_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x);
     MORI_PROF_END(a, kProfCombineBarrier, round);
-    if (!__syncthreads_and(ok) || !rows_ok) return;
-    if (cnt <= 0) continue;
-    MORI_PROF_BEGIN(a, kProfCombineReduce, round);
-    const RowSplit sp(cnt, total_warps, vecs);
-    // One chunk and every block here at once: each warp starts with its own item and only the
-    // items beyond one per warp come from the queue (no atomics at small batches). Otherwise
-    // blocks arrive at different times: everything from the queue.
-    int32_t* queue = &st->stage_items[round & 1][k];
-    const bool static_first = kr == 1 && R == 0;
-    const int base = static_first ? total_warps : 0;
-    int item = 0;
-    if (static_first) {
-      item = gwarp;
-    } else {
-      if (lane == 0) item = atomicAdd(queue, 1);
-      item = ShflIdx(item, 0);
+    if (!__syncthreads_and(ok)) return;
+  } else {
+    // Reduce, chunk by chunk. This rank's own rows need no wait unless they were staged (its own
+    // pushers wrote them into local staging).
+    const int n = p.num_tokens;
+    const int kr = PushStages(n, p.stage_tokens), per = PushStageTokens(n, kr);
+    const int total_warps = G * nwarps, gwarp = blockIdx.x * nwarps + warp;
+    for (int k = 0; k < kr; ++k) {
+      const int lo = k * per, cnt = min(n, lo + per) - lo;
+      MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
+      bool ok = true;
+      if (wait_peer) ok = WaitRound(a, a.buf.push_flags + k * kMaxWorld + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+      MORI_PROF_END(a, kProfCombineBarrier, round);
+      if (!__syncthreads_and(ok) || !rows_ok) return;
+      if (cnt <= 0) continue;
+      MORI_PROF_BEGIN(a, kProfCombineReduce, round);
+      const RowSplit sp(cnt, total_warps, vecs);
+      // One chunk and every block here at once: each warp starts with its own item and only the
+      // items beyond one per warp come from the queue (no atomics at small batches). Otherwise
+      // blocks arrive at different times: everything from the queue.
+      int32_t* queue = &st->stage_items[round & 1][k];
+      const bool static_first = kr == 1 && R == 0;
+      const int base = static_first ? total_warps : 0;
+      int item = 0;
+      if (static_first) {
+        item = gwarp;
+      } else {
+        if (lane == 0) item = atomicAdd(queue, 1);
+        item = ShflIdx(item, 0);
+      }
+      const bool use_queue = !static_first || sp.items > total_warps;
+      while (item < sp.items) {
+        int next = sp.items;
+        if (use_queue && lane == 0) next = base + atomicAdd(queue, 1);
+        ReduceItem<Tag, kWorld, true, kQuant>(a, p, lo + item % cnt, item / cnt, sp.vpp, vecs, staged, false, use_w,
+                                              lane);
+        item = use_queue ? ShflIdx(next, 0) : sp.items;
+      }
+      MORI_PROF_END(a, kProfCombineReduce, round);
     }
-    const bool use_queue = !static_first || sp.items > total_warps;
-    while (item < sp.items) {
-      int next = sp.items;
-      if (use_queue && lane == 0) next = base + atomicAdd(queue, 1);
-      ReduceItem<Tag, kWorld, true, kQuant>(a, p, lo + item % cnt, item / cnt, sp.vpp, vecs, staged, false, use_w,
-                                            lane);
-      item = use_queue ? ShflIdx(next, 0) : sp.items;
-    }
-    MORI_PROF_END(a, kProfCombineReduce, round);
   }
   // Every block has read the round; the last one to finish advances it (for the next launch: no
   // fence, the kernel boundary orders it).
@@ -464,9 +561,10 @@ __device__ __forceinline__ void PullCombine(const EpKernelArgs& a, const Combine
   MORI_PROF_END(a, kProfCombineReduce, round);
 }
 
-template <typename Tag, int kWorld, bool kPush, int kQuant, bool kStd>
+template <typename Tag, int kWorld, bool kPush, int kQuant, bool kStd, bool kOverlap>
 __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs a, CombineParams p) {
   static_assert(!kStd || kPush, "the standard-MoE combine pushes");
+  static_assert(!kOverlap || kPush, "only the push combine overlaps");
   static_assert(kQuant == kQuantNone || std::is_same<Tag, Bf16Tag>::value, "FP8 combine carries bf16 rows");
   // Own rows go through local staging too (push): summed from 3-D rows (standard MoE) or quantised,
   // or copied when they (or their weights) lie in this rank's dispatch outputs (p.stage_own).
@@ -503,46 +601,63 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
     // Staged when some source has more tokens than one chunk; every rank decides alike (each has
     // every source's token count from the dispatch).
     const int32_t* ntok = a.buf.peer_tokens + (st->dispatch_epoch & 1) * kMaxWorld;
-    int stages = 1;
-    for (int s = 0; s < g.world; ++s) stages = max(stages, PushStages(ntok[s], p.stage_tokens));
-    PushCombine<Tag, kWorld, kQuant, kStd>(a, p, round, stages, ntok, total, rows_ok, staged, use_w, &s_flag);
+    int stages = 1, tokens = 0;
+    for (int s = 0; s < g.world; ++s) {
+      stages = max(stages, PushStages(ntok[s], p.stage_tokens));
+      tokens += ntok[s];
+    }
+    const bool overlap = stages == 1 && p.overlap_tokens >= 0 && tokens >= p.overlap_tokens;
+    PushCombine<Tag, kWorld, kQuant, kStd, kOverlap>(a, p, round, stages, overlap, ntok, total, rows_ok, staged,
+                                                     use_w, &s_flag);
   } else {
     PullCombine<Tag, kWorld, kQuant>(a, p, round, total, rows_ok, use_w, &s_flag);
   }
 }
 
-// One kernel variant: element tag, FP8 transport, standard-MoE input.
+// One kernel variant: element tag, FP8 transport, standard-MoE input. Push calls run the overlap
+// kernel when CombineParams::overlap_kernel says so.
 template <typename Tag, int kQuant, bool kStd>
 struct CombineVariant {
-  template <int kWorld, bool kPush>
+  template <int kWorld, bool kPush, bool kOverlap>
   static void Launch(const EpKernelArgs& args, const CombineParams& params, int blocks, int threads,
                      gpuStream_t stream) {
-    CombineKernel<Tag, kWorld, kPush, kQuant, kStd><<<blocks, threads, 0, stream>>>(args, params);
+    CombineKernel<Tag, kWorld, kPush, kQuant, kStd, kOverlap><<<blocks, threads, 0, stream>>>(args, params);
   }
-  template <int kWorld, bool kPush>
+  template <int kWorld, bool kPush, bool kOverlap>
   static int BlocksPerSm(int threads) {
     int n = 0;
-    MORI_GPU_CHECK(
-        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&n, CombineKernel<Tag, kWorld, kPush, kQuant, kStd>, threads, 0));
+    MORI_GPU_CHECK(gpuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, CombineKernel<Tag, kWorld, kPush, kQuant, kStd, kOverlap>, threads, 0));
     return n;
+  }
+  template <int kWorld>
+  static void LaunchPush(const EpKernelArgs& args, const CombineParams& params, int blocks, int threads,
+                         gpuStream_t stream) {
+    params.overlap_kernel ? Launch<kWorld, true, true>(args, params, blocks, threads, stream)
+                          : Launch<kWorld, true, false>(args, params, blocks, threads, stream);
+  }
+  // Either push kernel may run on the grid the launcher clamps: the fewer blocks of the two.
+  template <int kWorld>
+  static int BlocksPerSmPush(int threads) {
+    return std::min(BlocksPerSm<kWorld, true, false>(threads), BlocksPerSm<kWorld, true, true>(threads));
   }
   // The standard-MoE variant only pushes: its pull instantiation never exists.
   template <int kWorld>
   static void LaunchMode(bool push, const EpKernelArgs& args, const CombineParams& params, int blocks, int threads,
                          gpuStream_t stream) {
     if constexpr (kStd) {
-      Launch<kWorld, true>(args, params, blocks, threads, stream);
+      LaunchPush<kWorld>(args, params, blocks, threads, stream);
     } else {
-      push ? Launch<kWorld, true>(args, params, blocks, threads, stream)
-           : Launch<kWorld, false>(args, params, blocks, threads, stream);
+      push ? LaunchPush<kWorld>(args, params, blocks, threads, stream)
+           : Launch<kWorld, false, false>(args, params, blocks, threads, stream);
     }
   }
   template <int kWorld>
   static int BlocksPerSmMode(bool push, int threads) {
     if constexpr (kStd) {
-      return BlocksPerSm<kWorld, true>(threads);
+      return BlocksPerSmPush<kWorld>(threads);
     } else {
-      return push ? BlocksPerSm<kWorld, true>(threads) : BlocksPerSm<kWorld, false>(threads);
+      return push ? BlocksPerSmPush<kWorld>(threads) : BlocksPerSm<kWorld, false, false>(threads);
     }
   }
   static void LaunchFor(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,

@@ -42,6 +42,7 @@ Layout MakeLayout(const EpHandleConfig& c, size_t row_cap) {
   l.Add("std_flags", kMaxWorld * sizeof(uint32_t));
   l.Add("peer_tokens", 2 * kMaxWorld * sizeof(int32_t));
   l.Add("push_flags", static_cast<size_t>(kMaxPushStages) * kMaxWorld * sizeof(uint32_t));
+  l.Add("push_rows", static_cast<size_t>(c.world_size) * tok * sizeof(uint32_t));
   l.Finish();
   return l;
 }
@@ -49,6 +50,10 @@ Layout MakeLayout(const EpHandleConfig& c, size_t row_cap) {
 // Staged push combine (CombineParams::stage_tokens / reduce_blocks) from the environment, read
 // once per op: MORI_EP_PUSH_STAGE_TOKENS (tokens per chunk; 0 = never staged; every rank must use
 // the same value) and MORI_EP_PUSH_REDUCE_BLOCKS (blocks that only reduce; -1 = a quarter of the grid).
+// Overlapped push (CombineParams::overlap_*): MORI_EP_PUSH_OVERLAP (0 never, 1 always, auto from
+// kDefaultPushOverlapTokens dispatched tokens per round; the same on every rank) and
+// MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS (blocks that only reduce; -1 = half the grid, 0 = every block
+// once it has pushed).
 int EnvInt(const char* name, int fallback, int lo, int hi) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -58,6 +63,15 @@ int EnvInt(const char* name, int fallback, int lo, int hi) {
           std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
               v + "'");
   return static_cast<int>(x);
+}
+
+// MORI_EP_PUSH_OVERLAP: the CombineParams::overlap_tokens threshold.
+int EnvOverlapTokens() {
+  const char* v = std::getenv("MORI_EP_PUSH_OVERLAP");
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "auto") return kDefaultPushOverlapTokens;
+  Require(s == "0" || s == "1", "MORI_EP_PUSH_OVERLAP must be 0, 1 or auto, got '" + s + "'");
+  return s == "1" ? 0 : -1;
 }
 
 int TokenWords(const EpHandleConfig& c) { return (c.max_num_inp_token_per_rank + 31) / 32; }
@@ -119,6 +133,7 @@ EpHandle::EpHandle(const EpHandleConfig& c) : EpHandleBase(c, kMaxWorld, KernelW
   b.std_flags = reinterpret_cast<uint32_t*>(at("std_flags"));
   b.peer_tokens = reinterpret_cast<int32_t*>(at("peer_tokens"));
   b.push_flags = reinterpret_cast<uint32_t*>(at("push_flags"));
+  b.push_rows = reinterpret_cast<uint32_t*>(at("push_rows"));
   push_stage_tokens_ = EnvInt("MORI_EP_PUSH_STAGE_TOKENS", kDefaultPushStageTokens, 0, 1 << 30);
   push_reduce_blocks_ = EnvInt("MORI_EP_PUSH_REDUCE_BLOCKS", -1, -1, 1 << 20);
   // dispatch_standard_moe ranks its rows inside the dispatch kernel (MORI_EP_STD_FUSED=1, the
@@ -132,6 +147,8 @@ EpHandle::EpHandle(const EpHandleConfig& c) : EpHandleBase(c, kMaxWorld, KernelW
   if (DispatchSmemBytes(kDispatchMaxThreads, kMaxWorld, std_mode_, c.world_size * c.num_experts_per_rank,
                         c.num_experts_per_token) > kDispatchMaxSmem)
     std_mode_ = kStdPlanned;
+  push_overlap_tokens_ = EnvOverlapTokens();
+  push_overlap_reduce_blocks_ = EnvInt("MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS", -1, -1, 1 << 20);
   g.tpe = c.world_size * c.max_num_inp_token_per_rank;
   g.tok_words = TokenWords(c);
 #if MORI_ENABLE_PROFILER
@@ -273,6 +290,17 @@ void EpHandle::SetPushStaging(CombineParams& p, int blocks) const {
   // Reducers keep up with the pushers at a quarter of the grid: they move the local rows (HBM)
   // while the pushers are bound by the links.
   p.reduce_blocks = push_reduce_blocks_ >= 0 ? std::min(push_reduce_blocks_, blocks - 1) : blocks / 4;
+  // Whether a round overlaps is decided on the device from every rank's token count; the kernel
+  // that reduces while the rows arrive is this rank's guess of it from its own count (either
+  // kernel takes part in an overlapped round). The reducers of half the grid (a default to sweep):
+  // the pushers are bound by the links, the reducers by HBM.
+  p.overlap_tokens = push_overlap_tokens_;
+  p.overlap_reduce_blocks =
+      push_overlap_reduce_blocks_ >= 0 ? std::min(push_overlap_reduce_blocks_, blocks - 1) : blocks / 2;
+  p.overlap_kernel = push_overlap_tokens_ >= 0 && push_stage_tokens_ == 0 &&
+                             static_cast<int64_t>(p.num_tokens) * cfg_.world_size >= push_overlap_tokens_
+                         ? 1
+                         : 0;
 }
 
 BufferTable EpHandle::Buffers() const {

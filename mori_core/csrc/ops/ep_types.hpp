@@ -136,6 +136,9 @@ struct EpBuffers {
   // ([kMaxPushStages][kMaxWorld]).
   int32_t* peer_tokens;
   uint32_t* push_flags;
+  // Overlapped push combine: [world][max_tok] symmetric, written by peers: the combine round whose
+  // row for source token t each rank r has pushed into this rank's staging (slot [r][t]).
+  uint32_t* push_rows;
 #if MORI_ENABLE_PROFILER
   int64_t* prof_events;         // [kProfMaxWarps][kProfEventsPerWarp][2] (time ns, meta)
   int32_t* prof_cursor;         // [kProfMaxWarps] events written per warp slot
@@ -205,6 +208,15 @@ struct CombineParams {
   // how many blocks only reduce while the others push (the pushers join them when done).
   int32_t stage_tokens;
   int32_t reduce_blocks;
+  // Overlapped push (unstaged rounds only): each pushed row is flagged to its source. On when the
+  // round's dispatched tokens (all sources: the same number on every rank) reach
+  // `overlap_tokens`; -1: never. Then the overlap kernel (`overlap_kernel`, the host's choice per
+  // call; ranks may differ) has its last `overlap_reduce_blocks` blocks (0: every block once it
+  // has pushed) sum each token as soon as its rows are there; the plain kernel reduces after
+  // every rank has pushed everything.
+  int32_t overlap_tokens;
+  int32_t overlap_reduce_blocks;
+  int32_t overlap_kernel;
 };
 
 }  // namespace mori::ep

@@ -8,7 +8,10 @@ the combine-kernel choice (``launch_config.combine_mode``), per token count of `
   on the push kernel and on copy-pull, a pull call on the pull kernel and on the push kernel, and
   the FP8 direct-cast combine of a push call -- over ``TUNE_BLOCKS`` x ``TUNE_WARPS``;
 * **staged push**: ``MORI_EP_PUSH_STAGE_TOKENS`` x ``MORI_EP_PUSH_REDUCE_BLOCKS`` at the op's
-  grid (BF16 push call and FP8 direct cast), at the largest token count.
+  grid (BF16 push call and FP8 direct cast), at the largest token count;
+* **overlapped push**: ``MORI_EP_PUSH_OVERLAP`` 0 (push, barrier, reduce) against 1 (reduce while
+  the rows arrive) x ``MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS``, same calls, at every swept token count
+  (``--tune-push`` runs only this sweep: a quick A/B).
 
 Variants that are read when an op is built (the combine kernel, the staging) get an op of their
 own (collective: every rank builds and closes the same ops in the same order).
@@ -28,6 +31,7 @@ TUNE_BLOCKS = (32, 64, 96, 132, 264)
 TUNE_WARPS = (4, 8, 16)
 STAGE_TOKENS = (0, 256, 512, 1024)
 REDUCE_BLOCKS = (-1, 8, 33, 66)  # -1: the kernel's default (a quarter of the grid)
+OVERLAP_REDUCE_BLOCKS = (-1, 0, 33, 88)  # -1: the default (half the grid); 0: every block, after pushing
 QUICK = (3, 10)  # (warm-up, timed) calls per point
 
 
@@ -36,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", action="store_true",
                    help="sweep launch grids, combine kernels and push staging (quick timing) for the launch table")
     p.add_argument("--tune-tokens", default="", help="token counts to sweep (default: every --tokens value)")
+    p.add_argument("--tune-push", action="store_true",
+                   help="with --tune: only the overlapped-push sweep (MORI_EP_PUSH_OVERLAP 0 against 1 x reducer blocks)")
 
 
 @contextlib.contextmanager
@@ -86,7 +92,8 @@ def rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, inputs: dict, sync
         inp = y if push else reg
         return lambda: o.combine(inp, res[1], idx, block_num=bn, warp_per_block=wpb, use_external_inp_buf=int(push))
 
-    for bn in TUNE_BLOCKS:
+    grids = not getattr(args, "tune_push", False)
+    for bn in TUNE_BLOCKS if grids else ():
         for wpb in TUNE_WARPS:
             point(lambda: op.dispatch(x, w, None, idx, block_num=bn, warp_per_block=wpb),
                   kernel="dispatch bf16", blocks=bn, warps=wpb)
@@ -95,7 +102,7 @@ def rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, inputs: dict, sync
                       kernel="dispatch fp8", blocks=bn, warps=wpb)
     variants = [("push", {"MORI_EP_COMBINE_ALGO": "push"}, cfg), ("pull", {"MORI_EP_COMBINE_ALGO": "pull"}, cfg),
                 ("push", {"MORI_EP_COMBINE_ALGO": "push"}, dataclasses.replace(cfg, quant_type="fp8_direct_cast"))]
-    for algo, env, vcfg in variants:
+    for algo, env, vcfg in variants if grids else ():
         fp8 = vcfg is not cfg
         with variant_op(vcfg, env, sync) as o:
             for push in ((True,) if fp8 else (True, False)):
@@ -106,18 +113,29 @@ def rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, inputs: dict, sync
                         p = o._cached_combine_launch
                         point(fn, kernel="combine fp8_direct_cast" if fp8 else "combine bf16",
                               call="push" if push else "pull", algo=algo, blocks=p.block_num, warps=p.warp_per_block)
-    if n == max(wanted):
+
+    def push_point(env: dict[str, str], quant: str, what: str, **row: Any) -> None:
+        env = dict(env, MORI_EP_COMBINE_ALGO="push")
+        with variant_op(dataclasses.replace(cfg, quant_type=quant), env, sync) as o:
+            fn = combine_fn(o, True, -1, -1)
+            fn()
+            p = o._cached_combine_launch
+            point(fn, kernel=f"combine {'bf16' if quant == 'none' else quant} ({what})", call="push", algo="push",
+                  blocks=p.block_num, warps=p.warp_per_block, **row)
+
+    if grids and n == max(wanted):
         for stage_tokens in STAGE_TOKENS:
             for reduce_blocks in REDUCE_BLOCKS:
-                env = {"MORI_EP_PUSH_STAGE_TOKENS": str(stage_tokens), "MORI_EP_PUSH_REDUCE_BLOCKS": str(reduce_blocks)}
+                env = {"MORI_EP_PUSH_STAGE_TOKENS": str(stage_tokens), "MORI_EP_PUSH_REDUCE_BLOCKS": str(reduce_blocks),
+                       "MORI_EP_PUSH_OVERLAP": "0"}
                 for quant in ("none", "fp8_direct_cast"):
-                    with variant_op(dataclasses.replace(cfg, quant_type=quant), env, sync) as o:
-                        fn = combine_fn(o, True, -1, -1)
-                        fn()
-                        p = o._cached_combine_launch
-                        point(fn, kernel=f"combine {'bf16' if quant == 'none' else quant} (staging)", call="push",
-                              algo="push", blocks=p.block_num, warps=p.warp_per_block, stage_tokens=stage_tokens,
-                              reduce_blocks=reduce_blocks)
+                    push_point(env, quant, "staging", stage_tokens=stage_tokens, reduce_blocks=reduce_blocks)
+    # Overlapped push against push-barrier-reduce, A/B in one run (every rank builds the same ops).
+    for overlap, reduce_blocks in [("0", -1)] + [("1", r) for r in OVERLAP_REDUCE_BLOCKS]:
+        env = {"MORI_EP_PUSH_STAGE_TOKENS": "0", "MORI_EP_PUSH_OVERLAP": overlap,
+               "MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS": str(reduce_blocks)}
+        for quant in ("none", "fp8_direct_cast"):
+            push_point(env, quant, "overlap", overlap=overlap, reduce_blocks=reduce_blocks if overlap == "1" else "-")
     op.check_error()
     sync()
     return out
@@ -138,12 +156,13 @@ def print_tables(per_rank: dict[int, list[dict]], title: str) -> None:
         rs = [per_rank[r][i] for r in ranks]
         merged.append(dict(rs[0], mean_us=statistics.mean(r["mean_us"] for r in rs),
                            host_us=statistics.mean(r["host_us"] for r in rs)))
-    headers = ["kernel", "call", "kernel run", "tokens", "blocks x warps", "stage tokens", "reduce blocks",
+    headers = ["kernel", "call", "kernel run", "tokens", "blocks x warps", "stage tokens", "overlap", "reduce blocks",
                "mean us", "host us"]
 
     def line(m: dict) -> list:
         return [m["kernel"], m.get("call", "-"), m.get("algo", "-"), m["tokens"], f"{m['blocks']}x{m['warps']}",
-                m.get("stage_tokens", "-"), m.get("reduce_blocks", "-"), m["mean_us"], m["host_us"]]
+                m.get("stage_tokens", "-"), m.get("overlap", "-"), m.get("reduce_blocks", "-"), m["mean_us"],
+                m["host_us"]]
 
     print_table(title + " (launch sweep, quick: DeepEP bench() with 3 warm-up + 10 timed calls)", headers,
                 [line(m) for m in merged])
