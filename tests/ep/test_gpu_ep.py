@@ -371,8 +371,9 @@ def _suite(rank: int, world: int) -> None:
         (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True, {STAGE: "48"}),
         (4096, torch.float32, 0, torch.float32, True, False, {STAGE: "48", REDUCE: "0"}),
         # overlapped push (every round, whatever its size): reducer blocks (half the grid) or every
-        # block once it has pushed; own rows staged (weights in place) or read in place; FP8 dispatch
-        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True, {OVERLAP: "1"}),
+        # block once it has pushed (the default); own rows staged (weights in place) or read in place;
+        # FP8 dispatch
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True, {OVERLAP: "1", OVERLAP_REDUCE: "-1"}),
         (4096, torch.float32, 0, torch.float32, True, False, {OVERLAP: "1", OVERLAP_REDUCE: "0"}),
         (HIDDEN_BIG, fp8, 56, torch.bfloat16, True, False, {OVERLAP: "1"}),
         # the other kernel of each call: copy-pull for push calls, the push kernel (staged) for a pull call

@@ -16,6 +16,14 @@
 #            sweep at 4096 tokens (--tune); first, since the issue's main targets are EP4's
 #   bench2   the same at EP2 (GPUs 0,1; no sweep); if it fails, once more without DeepEP (our
 #            rows and the NCCL baseline) when the budget allows
+#   ab_std   dispatch_standard_moe's paths in one run (MORI_EP_STD_FUSED 1 = default, 0, 2) at EP4,
+#            128 and 512 tokens, against the 2-D dispatch
+#   ab_push  the overlapped push combine against the plain push kernel (MORI_EP_PUSH_OVERLAP 0 / 1
+#            x reducer blocks) at EP4, 512 and 4096 tokens, BF16 and FP8 direct cast (--tune-push)
+#   probe    our kernels with every kernel's block count forced (--sms 24 / 132, as the SM-for-SM
+#            rows do), CUDA_LAUNCH_BLOCKING=1, with the defaults and with each new path switched off;
+#            later bench stages run with the first variant that passed (EP_BENCH_ENV)
+# EP_DEEPEP_STAGES overrides the stage list (e.g. "tests2 tests4 bench4 ab_std ab_push").
 # MORI_TEST_ROUNDS (default 100 here) sets the back-to-back round counts of the tests.
 # DeepEP: tools/gpu/deepep_build.sh, started in the background by the lead into /tmp/deepep; this
 # script waits (bounded) for /tmp/deepep/ok or /tmp/deepep/failed and runs without it otherwise.
@@ -31,7 +39,7 @@ PY=${PYTHON:-python3}
 cd "$(dirname "$0")/../.."
 BUDGET=${EP_DEEPEP_BUDGET:-185}
 DEEPEP=${DEEPEP_DIR:-/tmp/deepep}
-STAGES=${*:-tests2 tests4 ceiling bench4 bench2}
+STAGES=${*:-${EP_DEEPEP_STAGES:-tests2 tests4 ceiling bench4 bench2}}
 SUMMARY="$OUT/ep_deepep_summary.txt"
 : > "$SUMMARY"
 PYTEST="$PY -m pytest -q -rs -p no:cacheprovider -o addopts=''"
@@ -65,20 +73,20 @@ wait_deepep() {  # bounded wait for the lead's background build; sets DEEPEP_PAT
 BENCH="$PY -m mori_core.bench ep --tokens 128,512,4096 --dtypes bf16,fp8 --auto --iters 10 --eager-calls 30 --fp8-combine --std-moe"
 bench_cmd() {  # bench_cmd WORLD NAME EXTRA...
   local world=$1 name=$2; shift 2
-  echo "MORI_SHMEM_HEAP_SIZE=8G PYTHONPATH=${DEEPEP_PATH:+$DEEPEP_PATH:}\${PYTHONPATH:-} $BENCH --world-size $world --json $OUT/$name.json --plot $OUT/$name.png $*"
+  echo "${EP_BENCH_ENV:-} MORI_SHMEM_HEAP_SIZE=8G PYTHONPATH=${DEEPEP_PATH:+$DEEPEP_PATH:}\${PYTHONPATH:-} $BENCH --world-size $world --json $OUT/$name.json --plot $OUT/$name.png $*"
 }
 
 for s in $STAGES; do
   case $s in
     tests2)
-      run ep2_suite 45 "CUDA_VISIBLE_DEVICES=0,1 $PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[2]'" &
+      run ep2_suite 90 "CUDA_VISIBLE_DEVICES=0,1 $PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[2]'" &
       SUITE_PID=$!
-      run ep2_ext 45 "CUDA_VISIBLE_DEVICES=2,3 $PYTEST -s 'tests/ep/test_gpu_ep_extensions.py::test_standard_moe_and_fp8_combine[2]'"
+      run ep2_ext 90 "CUDA_VISIBLE_DEVICES=2,3 $PYTEST -s 'tests/ep/test_gpu_ep_extensions.py::test_standard_moe_and_fp8_combine[2]'"
       wait "$SUITE_PID" ;;
     tests4)
-      run ep4_suite 65 "$PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[4]'" &
+      run ep4_suite 120 "$PYTEST 'tests/ep/test_gpu_ep.py::test_ep_suite[4]'" &
       SUITE_PID=$!
-      run ep4_ext 65 "$PYTEST -s 'tests/ep/test_gpu_ep_extensions.py::test_standard_moe_and_fp8_combine[4]'"
+      run ep4_ext 120 "$PYTEST -s 'tests/ep/test_gpu_ep_extensions.py::test_standard_moe_and_fp8_combine[4]'"
       wait "$SUITE_PID" ;;
     ceiling)
       run ceiling 15 "$PY tools/gpu/nvlink_ceiling.py 53,128 10" ;;
@@ -90,6 +98,20 @@ for s in $STAGES; do
     bench4)
       [ -z "${DEEPEP_PATH+x}" ] && wait_deepep 30
       run bench4 50 "$(bench_cmd 4 bench4 --deepep --tune --tune-tokens 4096)" ;;
+    probe)
+      EP_BENCH_ENV=""
+      for variant in "" "MORI_EP_PUSH_OVERLAP=0" "MORI_EP_STD_FUSED=0" "MORI_EP_PUSH_OVERLAP=0 MORI_EP_STD_FUSED=0"; do
+        ok=1
+        for sms in 24 132; do
+          name="probe_${sms}_$(echo "${variant:-default}" | tr ' =' '__')"
+          run "$name" 40 "$variant CUDA_LAUNCH_BLOCKING=1 MORI_SHMEM_HEAP_SIZE=8G $PY -m mori_core.bench ep --world-size 4 --tokens 128,512 --dtypes bf16,fp8 --auto --iters 3 --eager-calls 5 --no-nccl --no-graph --fp8-combine --std-moe --sms $sms" || ok=0
+        done
+        if [ $ok = 1 ]; then EP_BENCH_ENV="$variant"; echo "probe: benches run with '${variant:-defaults}'" | tee -a "$SUMMARY"; break; fi
+      done ;;
+    ab_std)
+      run ab_std 45 "MORI_SHMEM_HEAP_SIZE=8G $PY -m mori_core.bench ep --world-size 4 --tokens 128,512 --dtypes bf16 --auto --iters 20 --eager-calls 30 --no-nccl --no-graph --std-moe --std-moe-paths 0,2" ;;
+    ab_push)
+      run ab_push 90 "MORI_SHMEM_HEAP_SIZE=8G $PY -m mori_core.bench ep --world-size 4 --tokens 512,4096 --dtypes bf16 --zero-copy 0 --auto --no-nccl --no-graph --tune --tune-push" ;;
     *) echo "unknown stage $s" | tee -a "$SUMMARY" ;;
   esac
 done
@@ -111,6 +133,9 @@ tables() {  # tables FILE PATTERN...: the Markdown tables whose titles match
   done
 }
 [ -f "$OUT/ceiling.log" ] && { echo "----- ceiling"; grep -E "^###|^\||verified" "$OUT/ceiling.log"; }
+for f in ab_std ab_push; do  # the A/B stages: their tables whole
+  [ -f "$OUT/$f.log" ] && { echo "----- $f"; grep -E "^###|^\||Traceback|Error" "$OUT/$f.log" | head -60; }
+done
 for f in bench2 bench2_nodeepep bench4; do
   [ -f "$OUT/$f.log" ] || continue
   echo "----- $f (DeepEP comparison, checks, FP8 combine, standard MoE, sweep best, host time)"

@@ -124,7 +124,7 @@ class EpHandle : public EpHandleBase {
   int32_t std_mode_ = kStdFused;  // EpStdMode of dispatch_standard_moe (MORI_EP_STD_FUSED)
   std::map<int, int> std_grid_cap_;  // warps -> co-resident blocks of the one-launch dispatch
   int push_overlap_tokens_ = kDefaultPushOverlapTokens;  // -1: never overlapped
-  int push_overlap_reduce_blocks_ = -1;
+  int push_overlap_reduce_blocks_ = 0;
   uint8_t* std_block_ = nullptr;  // standard-MoE buffers (allocated on first use)
   uint64_t std_offset_ = 0;
   uint64_t std_bytes_ = 0;

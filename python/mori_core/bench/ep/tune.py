@@ -31,7 +31,7 @@ TUNE_BLOCKS = (32, 64, 96, 132, 264)
 TUNE_WARPS = (4, 8, 16)
 STAGE_TOKENS = (0, 256, 512, 1024)
 REDUCE_BLOCKS = (-1, 8, 33, 66)  # -1: the kernel's default (a quarter of the grid)
-OVERLAP_REDUCE_BLOCKS = (-1, 0, 33, 88)  # -1: the default (half the grid); 0: every block, after pushing
+OVERLAP_REDUCE_BLOCKS = (-1, 0, 33, 88)  # -1: half the grid; 0 (the default): every block, after pushing
 QUICK = (3, 10)  # (warm-up, timed) calls per point
 
 
