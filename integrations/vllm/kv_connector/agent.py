@@ -194,7 +194,7 @@ class TransferAgent:
                 self._on_notify,
                 name=f"mori-kv-ctl-tp{identity.tp_rank}",
                 inbox=inbox,
-                spin_s=(config.control_spin_ms if config.control_spin_ms >= 0 else 1000 if gpu else 0) / 1000,
+                spin_s=config.control_spin_ms / 1000,
             )
             self.watch = PeerWatch(self.codec, self.ctx, self.engine_key, self.consumer.watched_producers,
                                    self.consumer.on_producer_gone, name=f"mori-kv-watch-tp{identity.tp_rank}")
