@@ -44,6 +44,14 @@ __device__ __forceinline__ int WarpScanBits(const uint32_t* bits, int32_t* prefi
   return run;
 }
 
+// The first of a token's top-k entries (before `k`) that names expert `e`, or `k`: a token sent
+// to one expert twice is one row there.
+__device__ __forceinline__ int FirstEntryOf(const int32_t* ids, int k, int e) {
+  for (int j = 0; j < k; ++j)
+    if (ids[j] == e) return j;
+  return k;
+}
+
 // Position of every k entry of this rank's token t among this rank's rows of expert
 // ids[k] (a bitmap rank: tokens before t routed to the same expert); -1 for dropped
 // ids. An entry repeating an earlier expert of the token gets that entry's position
@@ -58,12 +66,7 @@ __device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan
     const int e = ids[k];
     int r = -1;
     if (e >= 0 && e < g.num_experts) {
-      int first = k;
-      for (int j = 0; j < k; ++j)
-        if (ids[j] == e) {
-          first = j;
-          break;
-        }
+      const int first = FirstEntryOf(ids, k, e);
       if (first < k) {
         r = rel[first];
       } else {
@@ -134,12 +137,7 @@ __device__ __forceinline__ uint64_t StdTokenRelFused(const EpKernelArgs& a, cons
     const int e = ids[k];
     int r = -1;
     if (e >= 0 && e < g.num_experts) {
-      int first = k;
-      for (int j = 0; j < k; ++j)
-        if (ids[j] == e) {
-          first = j;
-          break;
-        }
+      const int first = FirstEntryOf(ids, k, e);
       if (first < k) {
         r = rel[first];
       } else {
