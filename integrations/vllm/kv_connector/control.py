@@ -147,6 +147,7 @@ class ControlServer:
                 continue
             self._blocked = False
             if not ready:
+                self.bad_messages.tick()  # a quiet spell ends a flood's window: its summary line is due
                 if spinning:
                     short_timer_slack()
                     time.sleep(_SPIN_SLEEP_S)
