@@ -180,7 +180,8 @@ class TransferAgent:
                 inbox=inbox.name if inbox is not None else "",
             )
             self.metadata_raw = encoded_metadata(self.metadata)  # what every WriteRequest carries
-            self.notifier = Notifier(self.codec, self.ctx, LocalSender() if config.same_host_signals else None)
+            local = LocalSender() if config.same_host_signals else None
+            self.notifier = Notifier(self.codec, self.ctx, local)
             self.pool = ThreadPoolExecutor(config.transfer_threads, thread_name_prefix=f"mori-kv-tp{identity.tp_rank}")
             self.producer = ProducerSide(self)
             self.consumer = ConsumerSide(self)

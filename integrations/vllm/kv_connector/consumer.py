@@ -5,7 +5,8 @@ ranks (cached, see :meth:`TransferAgent.fetch_peer`), then READ (pull the blocks
 engine batch per producer rank, wait, tell every producer rank it may free them) or WRITE
 (send every producer rank a :class:`WriteRequest`; the producer's :class:`WriteDone`
 messages finish it, or, from a producer on this host, its doorbell (``common.doorbell``),
-seen where vLLM polls (:meth:`ConsumerSide.take_results`) without any thread wake-up). Every wait is bounded: a READ by ``transfer_timeout``; a WRITE by
+seen where vLLM polls (:meth:`ConsumerSide.take_results`) without any thread wake-up).
+Every wait is bounded: a READ by ``transfer_timeout``; a WRITE by
 ``recv_abort_timeout``, after which no producer write can still start (their start budget
 ends earlier) and none can still run (each ends within ``transfer_timeout`` of its start),
 so the blocks may be reused. A WRITE whose producer process is gone (dead, or restarted on
