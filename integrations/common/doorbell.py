@@ -31,7 +31,6 @@ control message.
 from __future__ import annotations
 
 import collections
-import ctypes
 import fcntl
 import hashlib
 import itertools
@@ -45,7 +44,7 @@ import threading
 import uuid
 from typing import Deque, Optional, Tuple
 
-__all__ = ["DoorbellBoard", "DoorbellError", "DoorbellRing", "short_timer_slack"]
+__all__ = ["DoorbellBoard", "DoorbellError", "DoorbellRing"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,23 +233,3 @@ def _remove_stale_boards() -> None:
             pass
         finally:
             os.close(fd)
-
-
-_PR_SET_TIMERSLACK = 29
-_slack = threading.local()
-
-
-def short_timer_slack() -> None:
-    """Let this thread's short sleeps be short (1 us timer slack instead of Linux's 50 us default).
-
-    A thread that polls doorbells between sleeps of tens of microseconds would otherwise
-    oversleep each by up to 50 us. Once per thread; a no-op where prctl is unavailable.
-    """
-    if getattr(_slack, "set", False):
-        return
-    _slack.set = True
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(1000), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass

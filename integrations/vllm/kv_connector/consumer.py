@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from mori_integrations.common.doorbell import short_timer_slack
+from mori_integrations.common.timer_slack import short_timer_slack
 from mori_integrations.common.segments import PlanError, await_statuses
 from mori_integrations.vllm.kv_connector.control import HandshakeError
 from mori_integrations.vllm.kv_connector.messages import ConsumerDone, WriteDone, WriteRequest

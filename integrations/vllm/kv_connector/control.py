@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import zmq
 
 from mori_integrations.common.control_codec import ControlCodec, ControlMessageError
-from mori_integrations.common.doorbell import short_timer_slack
+from mori_integrations.common.timer_slack import short_timer_slack
 from mori_integrations.common.local_inbox import LocalInbox, LocalSender, unpack_frames
 from mori_integrations.common.log_limit import RateLimitedLog, zmq_peer_address, warn_if_exposed
 from mori_integrations.common.net import refuses_connections
