@@ -20,6 +20,10 @@
 #            128 and 512 tokens, against the 2-D dispatch
 #   ab_push  the overlapped push combine against the plain push kernel (MORI_EP_PUSH_OVERLAP 0 / 1
 #            x reducer blocks) at EP4, 512 and 4096 tokens, BF16 and FP8 direct cast (--tune-push)
+#   fault    the 128-token DeepEP comparison alone, again and again (bench ep --tokens 128 --deepep), to
+#            find which call fails in the runs where it fails: with the guard (our SM-for-SM calls
+#            must leave DeepEP's buffer and barrier signals as they were), without it (the bench's
+#            old timing), and with DeepEP's full dispatch timed before the SM-for-SM stage
 #   probe    our kernels with every kernel's block count forced (--sms 24 / 132, as the SM-for-SM
 #            rows do), CUDA_LAUNCH_BLOCKING=1, with the defaults and with each new path switched off;
 #            later bench stages run with the first variant that passed (EP_BENCH_ENV)
@@ -92,12 +96,25 @@ for s in $STAGES; do
       run ceiling 15 "$PY tools/gpu/nvlink_ceiling.py 53,128 10" ;;
     bench2)
       [ -z "${DEEPEP_PATH+x}" ] && wait_deepep 30
-      if ! run bench2 40 "CUDA_VISIBLE_DEVICES=0,1 $(bench_cmd 2 bench2 --deepep)"; then
+      if ! run bench2 60 "CUDA_VISIBLE_DEVICES=0,1 $(bench_cmd 2 bench2 --deepep)"; then
         run bench2_nodeepep 25 "CUDA_VISIBLE_DEVICES=0,1 $(bench_cmd 2 bench2_nodeepep)"
       fi ;;
     bench4)
       [ -z "${DEEPEP_PATH+x}" ] && wait_deepep 30
-      run bench4 50 "$(bench_cmd 4 bench4 --deepep --tune --tune-tokens 4096)" ;;
+      run bench4 75 "$(bench_cmd 4 bench4 --deepep --tune --tune-tokens 4096)" ;;
+    fault)
+      [ -z "${DEEPEP_PATH+x}" ] && wait_deepep 240
+      FAULT_RUNS=${EP_FAULT_RUNS:-4}
+      for i in $(seq 1 "$FAULT_RUNS"); do
+        for v in "guard:--deepep-guard 1" "noguard:--deepep-guard 0" "topkfirst:--deepep-guard 0 --deepep-topk-first"; do
+          name="fault_${v%%:*}_$i"
+          run "$name" 25 "CUDA_VISIBLE_DEVICES=${EP_FAULT_GPUS:-0,1,2,3} MORI_SHMEM_HEAP_SIZE=8G PYTHONPATH=${DEEPEP_PATH:+$DEEPEP_PATH:}\${PYTHONPATH:-} $PY -m mori_core.bench ep --world-size ${EP_FAULT_WORLD:-4} --tokens 128 --dtypes bf16,fp8 --auto --iters 3 --eager-calls 5 --no-nccl --no-graph --deepep ${v#*:}"
+          if [ $? = 0 ]; then rm -f "$OUT/$name.log"; continue; fi
+          # a failed run: where each rank was last, and the first error lines
+          { printf '    last: '; grep -aoE "\[rank [0-9]+ \+[0-9.]+s\] [^[]*" "$OUT/$name.log" | tail -4 | tr '\n' '|'
+            echo; grep -aE "Error|error:|illegal|timeout|changed DeepEP" "$OUT/$name.log" | grep -v CUDAEvent | head -3; } >> "$SUMMARY"
+        done
+      done ;;
     probe)
       EP_BENCH_ENV=""
       for variant in "" "MORI_EP_PUSH_OVERLAP=0" "MORI_EP_STD_FUSED=0" "MORI_EP_PUSH_OVERLAP=0 MORI_EP_STD_FUSED=0"; do

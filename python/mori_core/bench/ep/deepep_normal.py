@@ -37,7 +37,8 @@ from mori_core.bench.ep.measure import bench_like_deepep, progress
 DEFAULT_SMS = "24,48,96,132"
 DEFAULT_DISPATCH_CHUNKS = "4,6,8,12,16,24,32"
 DEFAULT_COMBINE_CHUNKS = "1,2,4,6,9,10,12,16"
-QUICK = (5, 12)  # (warm-up, timed) calls of a sweep point; the best are re-timed in full
+QUICK = (5, 12)
+_BARRIER_SIGNALS = 8  # DeepEP's NUM_MAX_NVL_PEERS ints after the NVLink buffer (csrc/deep_ep.cpp)  # (warm-up, timed) calls of a sweep point; the best are re-timed in full
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deepep-buffer-tokens", type=int, default=256, help="DeepEP NVL receive buffer (tokens)")
     p.add_argument("--deepep-tests", type=int, default=50, help="timed calls of a full measurement (DeepEP's bench)")
     p.add_argument("--deepep-warmup", type=int, default=50, help="warm-up calls of a full measurement")
+    p.add_argument("--deepep-guard", type=int, choices=(0, 1), default=1,
+                   help="1: check that none of our SM-for-SM calls wrote into DeepEP's buffer or barrier signals "
+                        "(a snapshot before, a comparison after; ranks synchronised around each call)")
+    p.add_argument("--deepep-topk-first", action="store_true",
+                   help="time DeepEP's full dispatch (with top-k) before the SM-for-SM stage instead of after it")
 
 
 def available() -> tuple[bool, str]:
@@ -84,6 +90,30 @@ class DeepEpNormal:
         nvl_bytes = max(self.config(s, biggest).get_nvl_buffer_size_hint(hidden * 2, world) for s in self.sms)
         self.buffer = deep_ep.Buffer(group, nvl_bytes, 0, low_latency_mode=False, num_qps_per_rank=1,
                                      explicitly_destroy=True)
+        self.nvl_bytes = nvl_bytes
+
+    def snapshot(self) -> tuple:
+        """A copy of this rank's DeepEP NVLink buffer and its barrier signals (the ints right after
+        it in the same allocation), taken when no kernel runs: what our calls must leave alone."""
+        import torch
+
+        whole = self.buffer.get_local_buffer_tensor(torch.uint8)
+        signals = self.buffer.get_local_buffer_tensor(torch.int32, offset=self.nvl_bytes)[:_BARRIER_SIGNALS]
+        return whole.clone(), signals.clone()
+
+    def changed_since(self, snap: tuple) -> str:
+        """Empty when the buffer and signals still hold ``snap``; else what differs (bytes, first offset)."""
+        import torch
+
+        whole = self.buffer.get_local_buffer_tensor(torch.uint8)
+        signals = self.buffer.get_local_buffer_tensor(torch.int32, offset=self.nvl_bytes)[:_BARRIER_SIGNALS]
+        diff = (whole != snap[0]).nonzero()
+        out = []
+        if diff.numel():
+            out.append(f"{diff.numel()} bytes of the NVLink buffer, first at offset {int(diff[0])}")
+        if not torch.equal(signals, snap[1]):
+            out.append(f"barrier signals {snap[1].tolist()} -> {signals.tolist()}")
+        return "; ".join(out)
 
     def config(self, sms: int, chunk: int) -> Any:
         """DeepEP ``Config`` of the intranode kernels (the RDMA fields are unused here)."""
@@ -191,6 +221,25 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
                                   *QUICK)["mean_us"]
             if ("combine", sms) not in best or t < best[("combine", sms)][0]:
                 best[("combine", sms)] = (t, c)
+
+    def full_dispatches() -> None:
+        """DeepEP's full dispatch (with top-k, no CPU sync) at its best SM count and chunk."""
+        if args.deepep_guard:
+            sync()
+        for name in dispatch_kinds:
+            sms = min(dp.sms, key=lambda s: best[(name, s)][0])
+            progress(rank, f"{n} tokens: DeepEP full dispatch with top-k ({name}, {sms} SMs)")
+            ntpr, ntpe, in_rank = state[sms][2]
+            xin = data["x"] if name == "dispatch bf16" else (x8, s8)
+            cfg_c = dp.config(sms, best[(name, sms)][1])
+            fn = lambda: dp.buffer.dispatch(xin, num_tokens_per_rank=ntpr, is_token_in_rank=in_rank,  # noqa: E731
+                                            num_tokens_per_expert=ntpe, topk_idx=idx64, topk_weights=data["w"],
+                                            num_worst_tokens=n * world, config=cfg_c)
+            rows.append(timed(fn, full, lib="deepep", kernel=name + " (with top-k)", sms=sms,
+                              chunk=best[(name, sms)][1]))
+
+    if args.deepep_topk_first:
+        full_dispatches()
     # ---- every SM count at its best chunk, in full; ours SM for SM (block_num = SMs)
     progress(rank, f"{n} tokens: DeepEP best chunks in full, ours SM for SM")
     for name in dispatch_kinds + ["combine"]:
@@ -203,20 +252,29 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
             else:
                 xin = data["x"] if name == "dispatch bf16" else (x8, s8)
                 fn = lambda: dp.buffer.dispatch(xin, handle=handle, config=cfg_c)  # noqa: E731
+            progress(rank, f"{n} tokens: SM for SM, DeepEP {name} at {sms} SMs")
             rows.append(timed(fn, full, lib="deepep", kernel=name, sms=sms, chunk=chunk))
+            progress(rank, f"{n} tokens: SM for SM, ours {name} at block_num {sms}")
             mine = "combine (default call)" if name == "combine" else name
+            # Guard: our calls must not write into DeepEP's memory (a DeepEP dispatch after this
+            # stage faulted in some runs; this tells whether anything of ours touched its buffer).
+            if args.deepep_guard:
+                sync()
+                before = dp.snapshot()
             rows.append(timed(ours(mine, sms), full, lib="ours", kernel=mine, sms=sms))
-    # ---- DeepEP's full dispatch (with top-k, no CPU sync) at its best SM count and chunk
-    for name in dispatch_kinds:
-        sms = min(dp.sms, key=lambda s: best[(name, s)][0])
-        ntpr, ntpe, in_rank = state[sms][2]
-        xin = data["x"] if name == "dispatch bf16" else (x8, s8)
-        cfg_c = dp.config(sms, best[(name, sms)][1])
-        fn = lambda: dp.buffer.dispatch(xin, num_tokens_per_rank=ntpr, is_token_in_rank=in_rank,  # noqa: E731
-                                        num_tokens_per_expert=ntpe, topk_idx=idx64, topk_weights=data["w"],
-                                        num_worst_tokens=n * world, config=cfg_c)
-        rows.append(timed(fn, full, lib="deepep", kernel=name + " (with top-k)", sms=sms, chunk=best[(name, sms)][1]))
+            if args.deepep_guard:
+                sync()
+                changed = dp.changed_since(before)
+                rows.append(dict(table="deepep_check", tokens=n, max_abs_diff=0.0, equal=not changed,
+                                 what=f"DeepEP buffer untouched by ours: {mine}, {sms} SMs"))
+                if changed:
+                    raise RuntimeError(f"rank {rank}: our {mine} at block_num {sms} changed DeepEP's buffer: {changed}")
+                del before
+    op.check_error()
+    if not args.deepep_topk_first:
+        full_dispatches()
     # ---- the combined rows of both libraries, same expert on both sides
+    progress(rank, f"{n} tokens: DeepEP checks")
     sms = dp.sms[0]
     handle, recv_w, _ = state[sms]
     dp_out = dp.buffer.combine(y_dp, handle, topk_weights=recv_w, config=dp.config(sms, best[("combine", sms)][1]))[0]
