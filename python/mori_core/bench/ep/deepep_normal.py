@@ -197,7 +197,7 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
         ours_out[name] = fn()[0][:n].clone()
         sync()
     # ---- DeepEP: per SM count, a first dispatch for the handle, then the chunk sweeps (quick)
-    best: dict[tuple[str, int], tuple[float, int]] = {}
+    sweep: dict[tuple[str, int, int], float] = {}  # (kernel, SMs, chunk) -> this rank's quick mean
     state: dict[int, tuple] = {}
     y_dp = None
     for sms in dp.sms:
@@ -212,15 +212,13 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
             xin = data["x"] if name == "dispatch bf16" else (x8, s8)
             for c in dp.dispatch_chunks:
                 cfg_c = dp.config(sms, c)
-                t = bench_like_deepep(lambda: dp.buffer.dispatch(xin, handle=handle, config=cfg_c), *QUICK)["mean_us"]
-                if (name, sms) not in best or t < best[(name, sms)][0]:
-                    best[(name, sms)] = (t, c)
+                sweep[(name, sms, c)] = bench_like_deepep(
+                    lambda: dp.buffer.dispatch(xin, handle=handle, config=cfg_c), *QUICK)["mean_us"]
         for c in dp.combine_chunks:
             cfg_c = dp.config(sms, c)
-            t = bench_like_deepep(lambda: dp.buffer.combine(y_dp, handle, topk_weights=recv_w, config=cfg_c),
-                                  *QUICK)["mean_us"]
-            if ("combine", sms) not in best or t < best[("combine", sms)][0]:
-                best[("combine", sms)] = (t, c)
+            sweep[("combine", sms, c)] = bench_like_deepep(
+                lambda: dp.buffer.combine(y_dp, handle, topk_weights=recv_w, config=cfg_c), *QUICK)["mean_us"]
+    best = _agreed_best(sweep)
 
     def full_dispatches() -> None:
         """DeepEP's full dispatch (with top-k, no CPU sync) at its best SM count and chunk."""
@@ -270,6 +268,7 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
                 if changed:
                     raise RuntimeError(f"rank {rank}: our {mine} at block_num {sms} changed DeepEP's buffer: {changed}")
                 del before
+                sync()  # no rank's next DeepEP call (its barrier writes the peers' signals) before every rank compared
     op.check_error()
     if not args.deepep_topk_first:
         full_dispatches()
@@ -284,6 +283,28 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
     op.check_error()
     sync()
     return rows
+
+
+def _agreed_best(sweep: dict[tuple[str, int, int], float]) -> dict[tuple[str, int], tuple[float, int]]:
+    """(kernel, SMs) -> (mean us over ranks, chunk) of the fastest chunk, the same on every rank.
+
+    DeepEP's calls are collective: every rank must run them with the same SM count and chunks. A
+    choice made from each rank's own timings differs between ranks now and then (their times are
+    within noise of each other), and DeepEP then runs with mismatched channel counts, which hangs
+    or faults (an illegal address in its full dispatch). So the ranks' times are summed first."""
+    import torch
+    import torch.distributed as dist
+
+    keys = sorted(sweep)
+    times = torch.tensor([sweep[k] for k in keys], dtype=torch.float64, device="cuda")
+    dist.all_reduce(times)
+    dist.broadcast(times, src=0)  # bit for bit the same on every rank, whatever the reduction order
+    times /= dist.get_world_size()
+    best: dict[tuple[str, int], tuple[float, int]] = {}
+    for (name, sms, chunk), t in zip(keys, times.tolist()):
+        if (name, sms) not in best or t < best[(name, sms)][0]:
+            best[(name, sms)] = (t, chunk)
+    return best
 
 
 def _check(what: str, n: int, ours: Any, theirs: Any) -> dict:
