@@ -207,3 +207,50 @@ def test_spawn_ranks_reports_a_failed_rank_and_stops_the_waiting_ones(monkeypatc
     out = capsys.readouterr().out
     assert "rank 0:\nTraceback: an illegal memory access was encountered" in out
     assert "ranks [1]: no report 1.0 s after another rank failed" in out
+
+
+def _agree_rank(rank: int, world: int, port: int, out: "torch.multiprocessing.Queue") -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        # Each rank's own fastest setting differs (rank 0: 24 SMs / chunk 4, rank 1: 48 SMs / chunk 8);
+        # averaged over both ranks, 48 SMs with chunk 6 wins for dispatch, chunk 2 for combine.
+        mine = {
+            0: {("dispatch bf16", 24, 4): 10.0, ("dispatch bf16", 24, 8): 30.0, ("dispatch bf16", 48, 6): 12.0,
+                ("dispatch bf16", 48, 8): 25.0, ("combine", 24, 1): 9.0, ("combine", 24, 2): 11.0},
+            1: {("dispatch bf16", 24, 4): 30.0, ("dispatch bf16", 24, 8): 20.0, ("dispatch bf16", 48, 6): 14.0,
+                ("dispatch bf16", 48, 8): 8.0, ("combine", 24, 1): 15.0, ("combine", 24, 2): 10.0},
+        }[rank]
+        best = deepep_normal._agreed_best(mine, device="cpu")
+        out.put((rank, best))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_deepep_settings_are_agreed_by_every_rank() -> None:
+    """DeepEP's calls are collective: the SM count and chunks the comparison runs them with must be
+    the same on every rank, even where each rank's own quick timings would pick another (they did,
+    and DeepEP then hung or faulted with mismatched channel counts)."""
+    import torch.multiprocessing as mp
+
+    from mori_core.bench.ep.measure import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_agree_rank, args=(r, 2, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert results[0] == results[1]
+    best = results[0]
+    # 24 SMs: chunk 4 averages (10 + 30) / 2 = 20, chunk 8 (30 + 20) / 2 = 25; rank 1 alone picks 8
+    assert best[("dispatch bf16", 24)] == (pytest.approx(20.0), 4)
+    assert best[("dispatch bf16", 48)] == (pytest.approx(13.0), 6)
+    assert best[("combine", 24)] == (pytest.approx(10.5), 2)
+    fastest_sms = min((24, 48), key=lambda s: best[("dispatch bf16", s)][0])
+    assert fastest_sms == 48

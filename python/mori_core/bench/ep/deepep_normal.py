@@ -285,18 +285,19 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
     return rows
 
 
-def _agreed_best(sweep: dict[tuple[str, int, int], float]) -> dict[tuple[str, int], tuple[float, int]]:
+def _agreed_best(sweep: dict[tuple[str, int, int], float], device: str = "cuda") -> dict[tuple[str, int], tuple[float, int]]:
     """(kernel, SMs) -> (mean us over ranks, chunk) of the fastest chunk, the same on every rank.
 
     DeepEP's calls are collective: every rank must run them with the same SM count and chunks. A
     choice made from each rank's own timings differs between ranks now and then (their times are
     within noise of each other), and DeepEP then runs with mismatched channel counts, which hangs
-    or faults (an illegal address in its full dispatch). So the ranks' times are summed first."""
+    or faults (an illegal address in its full dispatch). So the ranks' times are averaged first
+    (collective over the default process group; ``device``: where its backend reduces tensors)."""
     import torch
     import torch.distributed as dist
 
     keys = sorted(sweep)
-    times = torch.tensor([sweep[k] for k in keys], dtype=torch.float64, device="cuda")
+    times = torch.tensor([sweep[k] for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(times)
     dist.broadcast(times, src=0)  # bit for bit the same on every rank, whatever the reduction order
     times /= dist.get_world_size()
