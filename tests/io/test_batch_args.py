@@ -4,6 +4,7 @@ errors for bad ones (raised before anything is submitted, naming the argument)."
 from __future__ import annotations
 
 import array
+import re
 
 import numpy as np
 import pytest
@@ -131,4 +132,35 @@ def test_io_profile_stamps_are_ordered(initiator, target):
     assert st.WaitFor(20_000) == StatusCode.SUCCESS
     assert t0 <= p["enter"] <= p["converted"] <= p["validated"] <= p["submitted"] <= t1, p
     assert p["path"] == "none"  # TCP: no GPU engine involved
+    initiator.deregister_memory(local.desc)
+
+
+@pytest.mark.parametrize("api", ["session", "engine"])
+def test_out_of_range_segments_are_named_as_given(initiator, target, api):
+    """Bounds are checked while contiguous segments merge (one pass): the failing segment keeps
+    its index in the caller's list, an empty segment past the end fails too, and nothing moves."""
+    size = 1 << 16
+    local, rm, remote = _pair(initiator, target, size)
+    local.array[:] = 1
+    remote[:] = POISON
+    cases = [
+        # two segments that merge, then one past the remote end: segment 2
+        (([0, 8, 16], [0, 8, size - 4], [8, 8, 8]), r"segment 2: remote range \[65532, 65532\+8\) exceeds the registered size 65536"),
+        # an empty segment beyond the local end still fails
+        (([0, size + 1], [0, 64], [8, 0]), r"segment 1: local range \[65537, 65537\+0\) exceeds"),
+    ]
+    for (lo, ro, sz), match in cases:
+        if api == "session":
+            st = initiator.create_session(local.desc, rm).batch_write(lo, ro, sz, 7)
+        else:
+            st = initiator.batch_write([local.desc], [lo], [rm], [ro], [sz], [7])[0]
+        assert st.Code() == StatusCode.ERR_INVALID_ARGS
+        assert re.search(match, st.Message()), st.Message()
+    assert (remote == POISON).all()
+    # and a valid batch of merging segments still moves exactly its bytes
+    st = initiator.create_session(local.desc, rm).batch_write([0, 8, 100], [0, 8, 200], [8, 8, 4], 8)
+    initiator.wait_all([st], 5000)
+    assert st.Code() == StatusCode.SUCCESS
+    assert (remote[:16] == 1).all() and (remote[200:204] == 1).all()
+    assert (remote[16:200] == POISON).all() and (remote[204:] == POISON).all()
     initiator.deregister_memory(local.desc)

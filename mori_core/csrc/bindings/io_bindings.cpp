@@ -58,6 +58,27 @@ size_t Length(py::handle h, const char* name) {
   return static_cast<size_t>(n);
 }
 
+// The items of an outer argument list, borrowed from one PySequence_Fast (a list or
+// tuple is used as is): no new reference per item.
+class FastItems {
+ public:
+  FastItems(py::handle seq, const char* name) : seq_(PySequence_Fast(seq.ptr(), "")) {
+    if (!seq_) {
+      PyErr_Clear();
+      throw py::type_error(std::string(name) + " must be a list (one entry per memory pair), got " +
+                           Py_TYPE(seq.ptr())->tp_name);
+    }
+  }
+  ~FastItems() { Py_DECREF(seq_); }
+  FastItems(const FastItems&) = delete;
+  FastItems& operator=(const FastItems&) = delete;
+  size_t size() const { return static_cast<size_t>(PySequence_Fast_GET_SIZE(seq_)); }
+  PyObject* operator[](size_t i) const { return PySequence_Fast_ITEMS(seq_)[i]; }
+
+ private:
+  PyObject* seq_;
+};
+
 // Engine batch: every argument is read and checked before anything is submitted.
 std::vector<StatusPtr> EngineBatch(IOEngine& e, py::handle lm, py::handle lo, py::handle rm, py::handle ro,
                                    py::handle sz, py::handle uids, bool isRead, const char* localName,
@@ -68,16 +89,22 @@ std::vector<StatusPtr> EngineBatch(IOEngine& e, py::handle lm, py::handle lo, py
       Length(sz, "sizes") != n || Length(uids, "transfer_uids") != n)
     throw mori::InvalidArgument("batch transfer: local_mems, local_offsets, remote_mems, remote_offsets, sizes and "
                           "transfer_uids must have the same length (one entry per memory pair)");
+  const FastItems lms(lm, localName), los(lo, "local_offsets"), rms(rm, remoteName), ros(ro, "remote_offsets"),
+      szs(sz, "sizes");
+  if (lms.size() != n || los.size() != n || rms.size() != n || ros.size() != n || szs.size() != n)
+    throw mori::InvalidArgument("batch transfer: an argument list changed length while it was read");
   std::vector<py::object> keep;  // the descriptors stay alive while the GIL is released
   keep.reserve(2 * n);
   std::vector<const MemoryDesc*> locals(n), remotes(n);
-  auto desc = [&](py::handle seq, size_t i, const char* name) -> const MemoryDesc* {
-    py::object item = py::reinterpret_borrow<py::sequence>(seq)[i];
-    if (!py::isinstance<MemoryDesc>(item))
+  // One type check and conversion per descriptor (isinstance and then cast looked the type up twice).
+  auto desc = [&](const FastItems& seq, size_t i, const char* name) -> const MemoryDesc* {
+    PyObject* item = seq[i];
+    py::detail::make_caster<MemoryDesc> caster;
+    if (!caster.load(item, /*convert=*/false))
       throw py::type_error(std::string(name) + "[" + std::to_string(i) + "] must be a MemoryDesc, got " +
-                           Py_TYPE(item.ptr())->tp_name);
-    const MemoryDesc* d = &item.cast<const MemoryDesc&>();
-    keep.push_back(std::move(item));
+                           Py_TYPE(item)->tp_name);
+    const MemoryDesc* d = &py::detail::cast_op<const MemoryDesc&>(caster);
+    keep.push_back(py::reinterpret_borrow<py::object>(item));
     return d;
   };
   static thread_local std::vector<Offsets> l, r, z;
@@ -87,11 +114,11 @@ std::vector<StatusPtr> EngineBatch(IOEngine& e, py::handle lm, py::handle lo, py
   std::vector<TransferUniqueId> ids;
   ReadOffsets(uids, "transfer_uids", &ids);
   for (size_t i = 0; i < n; ++i) {
-    locals[i] = desc(lm, i, localName);
-    remotes[i] = desc(rm, i, remoteName);
-    ReadOffsets(py::reinterpret_borrow<py::sequence>(lo)[i], "local_offsets", i, &l[i]);
-    ReadOffsets(py::reinterpret_borrow<py::sequence>(ro)[i], "remote_offsets", i, &r[i]);
-    ReadOffsets(py::reinterpret_borrow<py::sequence>(sz)[i], "sizes", i, &z[i]);
+    locals[i] = desc(lms, i, localName);
+    remotes[i] = desc(rms, i, remoteName);
+    ReadOffsets(los[i], "local_offsets", i, &l[i]);
+    ReadOffsets(ros[i], "remote_offsets", i, &r[i]);
+    ReadOffsets(szs[i], "sizes", i, &z[i]);
   }
   profile::Mark(profile::kConverted);
   py::gil_scoped_release nogil;

@@ -9,6 +9,15 @@ namespace py = pybind11;
 namespace mori::bindings {
 namespace {
 
+// An argument's name for error messages, built only when one is raised ("sizes", or
+// "local_offsets[3]" for an item of an engine-level batch): a batch of 66 region pairs
+// used to format 198 such strings per call that no one read.
+struct Arg {
+  const char* name;
+  long index;  // -1: the argument itself
+  std::string str() const { return index < 0 ? name : std::string(name) + "[" + std::to_string(index) + "]"; }
+};
+
 [[noreturn]] void Raise(const std::string& msg) {
   PyErr_SetString(PyExc_TypeError, msg.c_str());
   throw py::error_already_set();
@@ -27,14 +36,14 @@ std::string Repr(PyObject* o) {
   return out;
 }
 
-[[noreturn]] void BadValue(const std::string& name, size_t i, const std::string& repr) {
-  Raise(name + "[" + std::to_string(i) + "] must be a non-negative int below 2**64, got " + repr);
+[[noreturn]] void BadValue(const Arg& name, size_t i, const std::string& repr) {
+  Raise(name.str() + "[" + std::to_string(i) + "] must be a non-negative int below 2**64, got " + repr);
 }
 
-[[noreturn]] void BadItem(const std::string& name, size_t i, PyObject* item) { BadValue(name, i, Repr(item)); }
+[[noreturn]] void BadItem(const Arg& name, size_t i, PyObject* item) { BadValue(name, i, Repr(item)); }
 
 // One Python int (or an object with __index__, e.g. numpy.int64) -> uint64.
-uint64_t ItemValue(PyObject* item, const std::string& name, size_t i) {
+uint64_t ItemValue(PyObject* item, const Arg& name, size_t i) {
   if (PyLong_CheckExact(item)) {
 #if PY_VERSION_HEX >= 0x030C0000
     // Ints below 2**30 are "compact" since Python 3.12: read them inline.
@@ -74,19 +83,19 @@ uint64_t ItemValue(PyObject* item, const std::string& name, size_t i) {
 }
 
 // Reads a buffer of integers; false when `obj` exposes no buffer.
-bool ReadBuffer(PyObject* obj, const std::string& name, std::vector<uint64_t>* out) {
+bool ReadBuffer(PyObject* obj, const Arg& name, std::vector<uint64_t>* out) {
   if (!PyObject_CheckBuffer(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj)) return false;
   Py_buffer view;
   if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
     PyErr_Clear();
-    Raise(name + " must be a list of ints or a contiguous 1-D integer array (this buffer is not contiguous)");
+    Raise(name.str() + " must be a list of ints or a contiguous 1-D integer array (this buffer is not contiguous)");
   }
   struct Release {
     Py_buffer* v;
     ~Release() { PyBuffer_Release(v); }
   } release{&view};
   if (view.ndim != 1)
-    Raise(name + " must be 1-D, got an array with " + std::to_string(view.ndim) + " dimensions");
+    Raise(name.str() + " must be 1-D, got an array with " + std::to_string(view.ndim) + " dimensions");
   const char* fmt = view.format ? view.format : "B";
   if (*fmt == '@' || *fmt == '=') ++fmt;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -96,7 +105,9 @@ bool ReadBuffer(PyObject* obj, const std::string& name, std::vector<uint64_t>* o
 #endif
   const char code = fmt[0];
   const bool known = fmt[0] != '\0' && fmt[1] == '\0' && std::strchr("bBhHiIlLqQnN", code) != nullptr;
-  if (!known) Raise(name + " must hold integers, got an array of format '" + std::string(view.format ? view.format : "") + "'");
+  if (!known)
+    Raise(name.str() + " must hold integers, got an array of format '" + std::string(view.format ? view.format : "") +
+          "'");
   const bool isSigned = std::strchr("bhilqn", code) != nullptr;
   const size_t n = static_cast<size_t>(view.len / view.itemsize);
   out->resize(n);
@@ -116,25 +127,32 @@ bool ReadBuffer(PyObject* obj, const std::string& name, std::vector<uint64_t>* o
     case 2: isSigned ? copy(int16_t{}) : copy(uint16_t{}); break;
     case 4: isSigned ? copy(int32_t{}) : copy(uint32_t{}); break;
     case 8:
-      if (isSigned)
-        copy(int64_t{});
-      else
+      if (isSigned) {
+        // numpy's int64 (what planners hand over): one OR over the sign bits, which the
+        // compiler vectorises, then a plain copy; the element loop only to name a bad value.
+        const auto* src = static_cast<const uint64_t*>(view.buf);
+        uint64_t signs = 0;
+        for (size_t i = 0; i < n; ++i) signs |= src[i];
+        if (signs >> 63) copy(int64_t{});
+        else std::memcpy(dst, src, n * sizeof(uint64_t));
+      } else {
         std::memcpy(dst, view.buf, n * sizeof(uint64_t));
+      }
       break;
-    default: Raise(name + " must hold integers of 1, 2, 4 or 8 bytes, got " + std::to_string(view.itemsize));
+    default: Raise(name.str() + " must hold integers of 1, 2, 4 or 8 bytes, got " + std::to_string(view.itemsize));
   }
   return true;
 }
 
-void Read(py::handle h, const std::string& name, std::vector<uint64_t>* out) {
+void Read(py::handle h, const Arg& name, std::vector<uint64_t>* out) {
   PyObject* obj = h.ptr();
   if (!PyList_Check(obj) && !PyTuple_Check(obj) && ReadBuffer(obj, name, out)) return;
   if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj))
-    Raise(name + " must be a list of ints or a 1-D integer array, got " + Py_TYPE(obj)->tp_name);
+    Raise(name.str() + " must be a list of ints or a 1-D integer array, got " + Py_TYPE(obj)->tp_name);
   PyObject* seq = PySequence_Fast(obj, "");
   if (!seq) {
     PyErr_Clear();
-    Raise(name + " must be a list of ints or a 1-D integer array, got " + Py_TYPE(obj)->tp_name);
+    Raise(name.str() + " must be a list of ints or a 1-D integer array, got " + Py_TYPE(obj)->tp_name);
   }
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   PyObject** items = PySequence_Fast_ITEMS(seq);
@@ -150,10 +168,10 @@ void Read(py::handle h, const std::string& name, std::vector<uint64_t>* out) {
 
 }  // namespace
 
-void ReadOffsets(py::handle obj, const char* name, std::vector<uint64_t>* out) { Read(obj, name, out); }
+void ReadOffsets(py::handle obj, const char* name, std::vector<uint64_t>* out) { Read(obj, Arg{name, -1}, out); }
 
 void ReadOffsets(py::handle obj, const char* name, size_t index, std::vector<uint64_t>* out) {
-  Read(obj, std::string(name) + "[" + std::to_string(index) + "]", out);
+  Read(obj, Arg{name, static_cast<long>(index)}, out);
 }
 
 }  // namespace mori::bindings

@@ -212,10 +212,9 @@ IOEngine::Route IOEngine::Resolve(const MemoryDesc& local, const MemoryDesc& rem
     r.error = "local memory " + std::to_string(local.id) + " is not registered (deregistered?)";
     return r;
   }
-  RouteKey key{remote.engineKey, local.id, remote.id};
   {
     std::shared_lock<std::shared_mutex> lock(routesMu_);
-    auto it = routes_.find(key);
+    auto it = routes_.find(std::forward_as_tuple(remote.engineKey, local.id, remote.id));
     if (it != routes_.end()) {
       r.backend = it->second;
       return r;
@@ -244,7 +243,7 @@ IOEngine::Route IOEngine::Resolve(const MemoryDesc& local, const MemoryDesc& rem
     return r;
   }
   std::unique_lock<std::shared_mutex> wlock(routesMu_);
-  routes_[key] = r.backend;
+  routes_[RouteKey{remote.engineKey, local.id, remote.id}] = r.backend;
   return r;
 }
 
@@ -272,14 +271,13 @@ StatusPtr IOEngine::Prepare(const MemoryDesc& local, const MemoryDesc& remote, S
   const auto& region = route.region;
   RegionPin pin(region);
   if (!pin) return Finished(StatusCode::ERR_NOT_FOUND, "local memory " + std::to_string(local.id) + " was deregistered");
-  std::string bad = CheckBounds(segs, region->desc.size, remote.size);
+  std::string bad = CheckAndMerge(&segs, region->desc.size, remote.size);
   if (!bad.empty()) return Finished(StatusCode::ERR_INVALID_ARGS, bad);
-  SegmentList merged = MergeContiguous(std::move(segs));
-  if (merged.empty()) return Finished(StatusCode::SUCCESS, "");
+  if (segs.empty()) return Finished(StatusCode::SUCCESS, "");
   auto status = std::make_shared<TransferStatus>();
   status->Update(StatusCode::IN_PROGRESS);
   *backend = route.backend;
-  *req = TransferRequest{&region->desc, &remote, std::move(merged), uid, isRead, status, std::move(pin)};
+  *req = TransferRequest{&region->desc, &remote, std::move(segs), uid, isRead, status, std::move(pin)};
   return status;
 }
 
@@ -378,14 +376,13 @@ IOEngineSession::IOEngineSession(IOEngine& engine, std::unique_ptr<BackendSessio
 TransferUniqueId IOEngineSession::AllocateTransferUniqueId() { return engine_.AllocateTransferUniqueId(); }
 
 StatusPtr IOEngineSession::Submit(SegmentList segs, TransferUniqueId uid, bool isRead) {
-  std::string bad = CheckBounds(segs, local_.size, remote_.size);
+  std::string bad = CheckAndMerge(&segs, local_.size, remote_.size);
   if (!bad.empty()) return IOEngine::Finished(StatusCode::ERR_INVALID_ARGS, bad);
-  SegmentList merged = MergeContiguous(std::move(segs));
-  if (merged.empty()) return IOEngine::Finished(StatusCode::SUCCESS, "");
+  if (segs.empty()) return IOEngine::Finished(StatusCode::SUCCESS, "");
   auto status = std::make_shared<TransferStatus>();
   status->Update(StatusCode::IN_PROGRESS);
   profile::Mark(profile::kValidated);
-  session_->Submit(std::move(merged), uid, isRead, status);
+  session_->Submit(std::move(segs), uid, isRead, status);
   profile::Mark(profile::kSubmitted);
   return status;
 }

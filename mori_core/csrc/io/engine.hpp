@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <shared_mutex>
@@ -118,7 +119,7 @@ class IOEngine {
 
   using RouteKey = std::tuple<std::string, MemoryUniqueId, MemoryUniqueId>;
   mutable std::shared_mutex routesMu_;
-  std::map<RouteKey, Backend*> routes_;
+  std::map<RouteKey, Backend*, std::less<>> routes_;  // transparent: found without copying the key's string
 };
 
 }  // namespace mori::io

@@ -12,8 +12,9 @@ SegmentList MakeSegments(const std::vector<uint64_t>& localOffsets,
                           std::to_string(localOffsets.size()) + ", " +
                           std::to_string(remoteOffsets.size()) + ", " + std::to_string(sizes.size()) +
                           ")");
-  SegmentList segs(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) segs[i] = {localOffsets[i], remoteOffsets[i], sizes[i]};
+  SegmentList segs;
+  segs.reserve(sizes.size());  // not resize(): no zeroing pass before the copy
+  for (size_t i = 0; i < sizes.size(); ++i) segs.push_back({localOffsets[i], remoteOffsets[i], sizes[i]});
   return segs;
 }
 
@@ -34,6 +35,35 @@ std::string CheckBounds(const SegmentList& segs, uint64_t localSize, uint64_t re
     if (!e.empty()) return "segment " + std::to_string(i) + ": local " + e;
     return "segment " + std::to_string(i) + ": remote " + CheckRangeInRegion(s.remoteOffset, s.size, remoteSize);
   }
+  return "";
+}
+
+std::string CheckAndMerge(SegmentList* list, uint64_t localSize, uint64_t remoteSize) {
+  SegmentList& segs = *list;
+  size_t out = 0;
+  bool any = false;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Segment s = segs[i];
+    // Every segment is checked, empty ones included (as CheckBounds does).
+    if (!(s.localOffset <= localSize && s.size <= localSize - s.localOffset &&
+          s.remoteOffset <= remoteSize && s.size <= remoteSize - s.remoteOffset)) {
+      std::string e = CheckRangeInRegion(s.localOffset, s.size, localSize);
+      if (!e.empty()) return "segment " + std::to_string(i) + ": local " + e;
+      return "segment " + std::to_string(i) + ": remote " + CheckRangeInRegion(s.remoteOffset, s.size, remoteSize);
+    }
+    if (s.size == 0) continue;
+    if (any) {
+      Segment& last = segs[out];
+      if (last.remoteOffset + last.size == s.remoteOffset && last.localOffset + last.size == s.localOffset) {
+        last.size += s.size;
+        continue;
+      }
+      ++out;
+    }
+    segs[out] = s;
+    any = true;
+  }
+  segs.resize(any ? out + 1 : 0);
   return "";
 }
 

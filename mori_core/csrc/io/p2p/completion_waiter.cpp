@@ -131,6 +131,17 @@ void CompletionWaiter::Watch(std::shared_ptr<GpuCompletion> c, std::weak_ptr<Tra
   if (wake) cv_.notify_one();
 }
 
+void CompletionWaiter::WatchAll(std::vector<Item>&& items) {
+  if (items.empty()) return;
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Item& it : items) incoming_.push_back(std::move(it));
+    wake = parked_;
+  }
+  if (wake) cv_.notify_one();
+}
+
 void CompletionWaiter::Loop() {
   // Short sleeps must stay short: the default 50 us timer slack would
   // stretch every poll tick.
