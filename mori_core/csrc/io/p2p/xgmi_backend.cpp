@@ -115,7 +115,7 @@ XgmiBackend::~XgmiBackend() {
 
 void XgmiBackend::RegisterRemoteEngine(const EngineDesc& desc) {
   std::unique_lock<std::shared_mutex> lock(routesMu_);
-  for (auto it = routes_.begin(); it != routes_.end();) it = std::get<0>(it->first) == desc.key ? routes_.erase(it) : ++it;
+  for (auto it = routes_.begin(); it != routes_.end();) it = it->first.engine == desc.key ? routes_.erase(it) : ++it;
 }
 
 void XgmiBackend::DeregisterRemoteEngine(const EngineDesc& desc) {
@@ -126,7 +126,7 @@ void XgmiBackend::DeregisterRemoteEngine(const EngineDesc& desc) {
 
 void XgmiBackend::DeregisterMemory(const MemoryDesc& desc) {
   std::unique_lock<std::shared_mutex> lock(routesMu_);
-  for (auto it = routes_.begin(); it != routes_.end();) it = std::get<1>(it->first) == desc.id ? routes_.erase(it) : ++it;
+  for (auto it = routes_.begin(); it != routes_.end();) it = it->first.local == desc.id ? routes_.erase(it) : ++it;
 }
 
 void XgmiBackend::RegisterMemory(MemoryDesc& desc) {
@@ -236,9 +236,10 @@ bool XgmiBackend::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Rou
 
 bool XgmiBackend::CachedResolve(const MemoryDesc& local, const MemoryDesc& remote, Route* r, StatusCode* code,
                                 std::string* err) {
+  RouteKey key{local.id, remote.id, remote.engineKey};
   {
     std::shared_lock<std::shared_mutex> lock(routesMu_);
-    auto it = routes_.find(std::forward_as_tuple(remote.engineKey, local.id, remote.id));
+    auto it = routes_.find(key);
     if (it != routes_.end() && it->second.remote == remote && it->second.remote.ipcHandle == remote.ipcHandle &&
         it->second.remote.ipcOffset == remote.ipcOffset) {
       *r = it->second.route;
@@ -255,7 +256,7 @@ bool XgmiBackend::CachedResolve(const MemoryDesc& local, const MemoryDesc& remot
     return false;
   }
   std::unique_lock<std::shared_mutex> lock(routesMu_);
-  routes_[RouteKey{remote.engineKey, local.id, remote.id}] = CachedRoute{*r, remote};
+  routes_[std::move(key)] = CachedRoute{*r, remote};
   return true;
 }
 

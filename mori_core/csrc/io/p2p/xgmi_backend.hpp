@@ -11,14 +11,11 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <shared_mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 #include <unordered_map>
 
@@ -112,14 +109,23 @@ class XgmiBackend : public Backend {
   std::shared_ptr<StreamPool> pool_;
   std::unique_ptr<NotificationSender> notifier_;
   std::unique_ptr<CompletionWaiter> waiter_;
-  // (remote engine, local id, remote id); a transparent map: found without copying the string.
-  using RouteKey = std::tuple<std::string, MemoryUniqueId, MemoryUniqueId>;
+  struct RouteKey {
+    MemoryUniqueId local;
+    MemoryUniqueId remote;
+    std::string engine;
+    bool operator==(const RouteKey& o) const { return local == o.local && remote == o.remote && engine == o.engine; }
+  };
+  struct RouteKeyHash {
+    size_t operator()(const RouteKey& k) const {
+      return std::hash<std::string>()(k.engine) ^ (static_cast<size_t>(k.local) << 32 | k.remote);
+    }
+  };
   struct CachedRoute {
     Route route;
     MemoryDesc remote;  // the descriptor it was resolved from
   };
   std::shared_mutex routesMu_;
-  std::map<RouteKey, CachedRoute, std::less<>> routes_;
+  std::unordered_map<RouteKey, CachedRoute, RouteKeyHash> routes_;
   mutable std::mutex mu_;
   mutable std::unordered_map<std::string, int> ordinals_;
   mutable std::map<std::pair<int, int>, bool> peerCapable_;
