@@ -1,5 +1,6 @@
 // Bindings of MORI-IO. Names, argument order and defaults follow AMD's
 // `mori.cpp` module; TcpBackendConfig and the auth fields are our additions.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -7,6 +8,7 @@
 #include "bindings/io_offsets.hpp"
 #include "common/error.hpp"
 #include "io/engine.hpp"
+#include "io/segments.hpp"
 #include "io/submit_profile.hpp"
 
 namespace py = pybind11;
@@ -123,6 +125,56 @@ std::vector<StatusPtr> EngineBatch(IOEngine& e, py::handle lm, py::handle lo, py
   profile::Mark(profile::kConverted);
   py::gil_scoped_release nogil;
   return e.BatchReadWrite(locals, l, remotes, r, z, ids, isRead);
+}
+
+using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+I64Array Flat(py::handle h, const char* name) {
+  I64Array a = I64Array::ensure(h);
+  if (!a) {
+    PyErr_Clear();
+    throw py::type_error(std::string(name) + " must be a 1-D integer array or list");
+  }
+  if (a.ndim() != 1) throw py::type_error(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) + " dimensions");
+  return a;
+}
+
+// See ExpandBlockSegments (io/segments.hpp). `runs`: (source layer offsets, destination layer
+// offsets, source block stride, destination block stride, template source offsets, template
+// destination offsets, template sizes) per run of layers of one geometry.
+py::tuple ExpandBlockSegmentsPy(py::sequence runs, py::handle srcBlocks, py::handle dstBlocks) {
+  const I64Array sb = Flat(srcBlocks, "src_blocks"), db = Flat(dstBlocks, "dst_blocks");
+  if (sb.size() != db.size())
+    throw mori::InvalidArgument("src_blocks and dst_blocks differ in length (" + std::to_string(sb.size()) + " vs " +
+                                std::to_string(db.size()) + ")");
+  std::vector<I64Array> keep;  // the runs' arrays, alive while their pointers are used
+  std::vector<BlockRun> rs;
+  const size_t blocks = static_cast<size_t>(sb.size());
+  size_t total = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    py::sequence t = runs[i].cast<py::sequence>();
+    if (t.size() != 7) throw py::type_error("runs[" + std::to_string(i) + "] must be a sequence of 7 items");
+    I64Array os = Flat(t[0], "layer source offsets"), od = Flat(t[1], "layer destination offsets");
+    I64Array ts = Flat(t[4], "template source offsets"), td = Flat(t[5], "template destination offsets"),
+             tz = Flat(t[6], "template sizes");
+    if (os.size() != od.size() || ts.size() != td.size() || ts.size() != tz.size())
+      throw mori::InvalidArgument("runs[" + std::to_string(i) + "]: layer offsets or template arrays differ in length");
+    BlockRun r{os.data(), od.data(), static_cast<size_t>(os.size()), t[2].cast<int64_t>(), t[3].cast<int64_t>(),
+               ts.data(), td.data(), tz.data(), static_cast<size_t>(ts.size())};
+    total += r.layers * blocks * r.tmplLen;
+    rs.push_back(r);
+    keep.push_back(std::move(os));
+    keep.push_back(std::move(od));
+    keep.push_back(std::move(ts));
+    keep.push_back(std::move(td));
+    keep.push_back(std::move(tz));
+  }
+  py::array_t<int64_t> lo(static_cast<py::ssize_t>(total)), ro(static_cast<py::ssize_t>(total)),
+      sz(static_cast<py::ssize_t>(total));
+  const size_t n = ExpandBlockSegments(rs, sb.data(), db.data(), blocks, lo.mutable_data(), ro.mutable_data(),
+                                       sz.mutable_data());
+  const py::slice head(0, static_cast<py::ssize_t>(n), 1);
+  return py::make_tuple(lo[head], ro[head], sz[head]);
 }
 
 }  // namespace
@@ -326,6 +378,9 @@ void RegisterIo(py::module_& m) {
         return std::string("TransferStatus(") + ToString(s.Code()) + (msg.empty() ? "" : ", '" + msg + "'") + ")";
       });
 
+  m.def("expand_block_segments", &ExpandBlockSegmentsPy, py::arg("runs"), py::arg("src_blocks"), py::arg("dst_blocks"),
+        "KV-cache plan: (source offsets, destination offsets, sizes) int64 arrays of every run x layer x block pair "
+        "x template piece, merged where they continue each other (see mori_core.io.expand_block_segments).");
   m.def("wait_all", &WaitAll, py::arg("statuses"), py::arg("timeout_ms") = -1,
         py::call_guard<py::gil_scoped_release>(),
         "Wait for every status: SUCCESS, the first error seen, or IN_PROGRESS on timeout.");

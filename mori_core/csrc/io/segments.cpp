@@ -89,6 +89,31 @@ SegmentList MergeContiguous(SegmentList segs) {
   return segs;
 }
 
+size_t ExpandBlockSegments(const std::vector<BlockRun>& runs, const int64_t* srcBlocks, const int64_t* dstBlocks,
+                           size_t blocks, int64_t* outSrc, int64_t* outDst, int64_t* outSize) {
+  size_t n = 0;
+  for (const BlockRun& run : runs) {
+    for (size_t l = 0; l < run.layers; ++l) {
+      for (size_t b = 0; b < blocks; ++b) {
+        const int64_t sBase = run.srcLayerOffsets[l] + srcBlocks[b] * run.srcBlockStride;
+        const int64_t dBase = run.dstLayerOffsets[l] + dstBlocks[b] * run.dstBlockStride;
+        for (size_t k = 0; k < run.tmplLen; ++k) {
+          const int64_t so = sBase + run.tmplSrc[k], d = dBase + run.tmplDst[k], sz = run.tmplSize[k];
+          if (n > 0 && outSrc[n - 1] + outSize[n - 1] == so && outDst[n - 1] + outSize[n - 1] == d) {
+            outSize[n - 1] += sz;
+            continue;
+          }
+          outSrc[n] = so;
+          outDst[n] = d;
+          outSize[n] = sz;
+          ++n;
+        }
+      }
+    }
+  }
+  return n;
+}
+
 uint64_t TotalBytes(const SegmentList& segs) {
   uint64_t t = 0;
   for (const auto& s : segs) t += s.size;

@@ -45,4 +45,27 @@ std::string CheckAndMerge(SegmentList* segs, uint64_t localSize, uint64_t remote
 
 uint64_t TotalBytes(const SegmentList& segs);
 
+// One run of a KV-cache plan: layers of one geometry between two regions. Layer l's
+// block b starts at layerOffset[l] + block * blockStride on each side; a block pair
+// moves the template's pieces (offsets relative to the block starts, and sizes).
+struct BlockRun {
+  const int64_t* srcLayerOffsets;
+  const int64_t* dstLayerOffsets;
+  size_t layers;
+  int64_t srcBlockStride;
+  int64_t dstBlockStride;
+  const int64_t* tmplSrc;
+  const int64_t* tmplDst;
+  const int64_t* tmplSize;
+  size_t tmplLen;
+};
+
+// Segments of every (run, layer, block pair, template piece), in that order, merged where
+// a segment continues the one before it on both sides (also across runs and layers).
+// Writes them to out{Src,Dst,Size} (room for the unmerged count: the sum over runs of
+// layers x blocks x template length) and returns how many there are. The KV planners'
+// hot path: a numpy version took 80-170 us per 2,048-token request in a real process.
+size_t ExpandBlockSegments(const std::vector<BlockRun>& runs, const int64_t* srcBlocks, const int64_t* dstBlocks,
+                           size_t blocks, int64_t* outSrc, int64_t* outDst, int64_t* outSize);
+
 }  // namespace mori::io

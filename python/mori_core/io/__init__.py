@@ -29,6 +29,7 @@ from mori_core._C import (
     wait_all,
 )
 from mori_core.io.engine import IOEngine, IOEngineSession
+from mori_core.io.plan import expand_block_segments
 
 __all__ = [
     "BackendConfig",
@@ -45,6 +46,7 @@ __all__ = [
     "TcpBackendConfig",
     "TransferStatus",
     "XgmiBackendConfig",
+    "expand_block_segments",
     "set_log_level",
     "wait_all",
 ]

@@ -235,6 +235,12 @@ def test_block_pairs_skip_unneeded_positions_and_refuse_dropped_ones() -> None:
         pair_blocks([0, 6], [2, 3], null_block_id=0)
     with pytest.raises(PlanError, match="expects 3 blocks"):
         pair_blocks([1, 2], [1, 2, 3], null_block_id=0)
+    # no null block anywhere (lists, the usual case) and the same through arrays
+    for src, dst in (([9, 1, 2, 3], [4, 5, 6]), (np.array([9, 1, 2, 3]), np.array([4, 5, 6]))):
+        s, d = pair_blocks(src, dst, null_block_id=0)
+        assert (s.tolist(), d.tolist()) == ([9, 1, 2], [4, 5, 6]) and s.dtype == d.dtype == np.int64
+    with pytest.raises(PlanError, match="no longer holds"):
+        pair_blocks(np.array([0, 6]), np.array([2, 3]), null_block_id=0)
 
 
 def test_codec_authenticates_and_refuses_replays_and_strangers() -> None:
