@@ -164,3 +164,17 @@ def test_out_of_range_segments_are_named_as_given(initiator, target, api):
     assert (remote[:16] == 1).all() and (remote[200:204] == 1).all()
     assert (remote[16:200] == POISON).all() and (remote[204:] == POISON).all()
     initiator.deregister_memory(local.desc)
+
+
+def test_engine_batch_outer_lists_are_checked_first(initiator, target):
+    """Outer lists of different lengths, or one that is not a list: a clear error, nothing moves."""
+    local, rm, remote = _pair(initiator, target)
+    remote[:] = POISON
+    with pytest.raises(ValueError, match="must have the same length"):
+        initiator.batch_write([local.desc], [[0]], [rm, rm], [[0]], [[8]], [1])
+    with pytest.raises(ValueError, match="must have the same length"):
+        initiator.batch_write([local.desc], [[0]], [rm], [[0]], [[8]], [1, 2])
+    with pytest.raises(TypeError, match=r"local_src_mem_descs must be a list \(one entry per memory pair\), got int"):
+        initiator.batch_write(5, [[0]], [rm], [[0]], [[8]], [1])
+    assert (remote == POISON).all()
+    initiator.deregister_memory(local.desc)

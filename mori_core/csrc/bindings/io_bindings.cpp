@@ -86,15 +86,12 @@ std::vector<StatusPtr> EngineBatch(IOEngine& e, py::handle lm, py::handle lo, py
                                    py::handle sz, py::handle uids, bool isRead, const char* localName,
                                    const char* remoteName) {
   profile::Begin();
-  const size_t n = Length(lm, localName);
-  if (Length(lo, "local_offsets") != n || Length(rm, remoteName) != n || Length(ro, "remote_offsets") != n ||
-      Length(sz, "sizes") != n || Length(uids, "transfer_uids") != n)
-    throw mori::InvalidArgument("batch transfer: local_mems, local_offsets, remote_mems, remote_offsets, sizes and "
-                          "transfer_uids must have the same length (one entry per memory pair)");
   const FastItems lms(lm, localName), los(lo, "local_offsets"), rms(rm, remoteName), ros(ro, "remote_offsets"),
       szs(sz, "sizes");
-  if (lms.size() != n || los.size() != n || rms.size() != n || ros.size() != n || szs.size() != n)
-    throw mori::InvalidArgument("batch transfer: an argument list changed length while it was read");
+  const size_t n = lms.size();
+  if (los.size() != n || rms.size() != n || ros.size() != n || szs.size() != n || Length(uids, "transfer_uids") != n)
+    throw mori::InvalidArgument("batch transfer: local_mems, local_offsets, remote_mems, remote_offsets, sizes and "
+                          "transfer_uids must have the same length (one entry per memory pair)");
   std::vector<py::object> keep;  // the descriptors stay alive while the GIL is released
   keep.reserve(2 * n);
   std::vector<const MemoryDesc*> locals(n), remotes(n);

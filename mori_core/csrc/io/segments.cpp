@@ -25,26 +25,14 @@ std::string CheckRangeInRegion(uint64_t offset, uint64_t size, uint64_t regionSi
   return "";
 }
 
-std::string CheckBounds(const SegmentList& segs, uint64_t localSize, uint64_t remoteSize) {
-  auto inside = [](uint64_t offset, uint64_t size, uint64_t region) { return offset <= region && size <= region - offset; };
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const Segment& s = segs[i];
-    if (inside(s.localOffset, s.size, localSize) && inside(s.remoteOffset, s.size, remoteSize)) continue;
-    // Only a failing segment pays for building the message.
-    std::string e = CheckRangeInRegion(s.localOffset, s.size, localSize);
-    if (!e.empty()) return "segment " + std::to_string(i) + ": local " + e;
-    return "segment " + std::to_string(i) + ": remote " + CheckRangeInRegion(s.remoteOffset, s.size, remoteSize);
-  }
-  return "";
-}
-
 std::string CheckAndMerge(SegmentList* list, uint64_t localSize, uint64_t remoteSize) {
+  // In place: `out` trails `i`, so the list is merged without a second allocation.
   SegmentList& segs = *list;
   size_t out = 0;
   bool any = false;
   for (size_t i = 0; i < segs.size(); ++i) {
     const Segment s = segs[i];
-    // Every segment is checked, empty ones included (as CheckBounds does).
+    // Every segment is checked, empty ones included.
     if (!(s.localOffset <= localSize && s.size <= localSize - s.localOffset &&
           s.remoteOffset <= remoteSize && s.size <= remoteSize - s.remoteOffset)) {
       std::string e = CheckRangeInRegion(s.localOffset, s.size, localSize);
@@ -65,28 +53,6 @@ std::string CheckAndMerge(SegmentList* list, uint64_t localSize, uint64_t remote
   }
   segs.resize(any ? out + 1 : 0);
   return "";
-}
-
-SegmentList MergeContiguous(SegmentList segs) {
-  // In place: `out` trails `i`, so the list is merged without a second allocation.
-  size_t out = 0;
-  bool any = false;
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const Segment s = segs[i];
-    if (s.size == 0) continue;
-    if (any) {
-      Segment& last = segs[out];
-      if (last.remoteOffset + last.size == s.remoteOffset && last.localOffset + last.size == s.localOffset) {
-        last.size += s.size;
-        continue;
-      }
-      ++out;
-    }
-    segs[out] = s;
-    any = true;
-  }
-  segs.resize(any ? out + 1 : 0);
-  return segs;
 }
 
 size_t ExpandBlockSegments(const std::vector<BlockRun>& runs, const int64_t* srcBlocks, const int64_t* dstBlocks,

@@ -23,24 +23,17 @@ SegmentList MakeSegments(const std::vector<uint64_t>& localOffsets,
                          const std::vector<uint64_t>& remoteOffsets,
                          const std::vector<uint64_t>& sizes);
 
-// "" when every segment lies inside both regions, otherwise a message naming
-// the first offending segment, its range and the limit it exceeds.
-std::string CheckBounds(const SegmentList& segs, uint64_t localSize, uint64_t remoteSize);
-
 // "" when every (offset, size) lies inside a region of `regionSize` bytes.
 std::string CheckRangeInRegion(uint64_t offset, uint64_t size, uint64_t regionSize);
 
-// Drops empty segments and merges each segment into the one before it when
-// it continues it in both regions. The order given is kept: planners emit
-// segments in address order already, and a stable sort of 8,192 segments
-// took 0.5-0.8 ms of host time per call on the 2-core development VM (about
-// what the GPU needs to move 256 MiB). Linear in the number of segments.
-SegmentList MergeContiguous(SegmentList segs);
-
-// CheckBounds and MergeContiguous in one pass over `segs`, in place (a request of
-// 8,192 pieces paid for three passes and a copy). Returns "" with `segs` merged,
-// or CheckBounds' message for the first offending segment (numbered as given);
-// `segs` is then partly merged and must be dropped.
+// Checks that every segment lies inside both regions and, in the same pass and in
+// place, drops empty segments and merges each segment into the one before it when it
+// continues it in both regions. The order given is kept: planners emit segments in
+// address order already, and a stable sort of 8,192 segments took 0.5-0.8 ms of host
+// time per call on the 2-core development VM (about what the GPU needs to move
+// 256 MiB). Returns "" with `segs` merged, or a message naming the first offending
+// segment (numbered as given), its range and the limit it exceeds; `segs` is then
+// partly merged and must be dropped.
 std::string CheckAndMerge(SegmentList* segs, uint64_t localSize, uint64_t remoteSize);
 
 uint64_t TotalBytes(const SegmentList& segs);
