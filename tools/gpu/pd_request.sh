@@ -11,9 +11,11 @@
 #
 # A. tests/integrations/vllm_pd/test_agent_gpu.py (real agents over XGMI in two processes: same
 #    GPU on GPUs 2,3; two GPUs on GPUs 0,1), both halves at once.
-# B. python -m mori_core.bench vllm-pd --agents --frameworks vllm (WRITE, READ, layer-pipelined WRITE;
-#    contiguous and scattered blocks; per-phase breakdown) GPU 0 -> 1, alone on the host, next to a
-#    same-run Tensor.copy_; extra rows with MORI_IO_XGMI_CE_BATCH=0 (one cudaMemcpyAsync per segment).
+# B. python -m mori_core.bench vllm-pd --agents (vLLM: WRITE, READ, layer-pipelined WRITE; contiguous
+#    and scattered blocks; per-phase breakdown; SGLang: one chunk) GPU 0 -> 1, alone on the host, next
+#    to a same-run Tensor.copy_. Same-run A/B of the lead split: extra vLLM rows with lead_layers=0,
+#    SGLang rows with the chunk in one batch_write (between two default runs). PD_ROUNDS (default 2)
+#    repeats the whole bench to show the spread between runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/mori_gpu_out}
@@ -42,14 +44,15 @@ done
 # ---- B: the request benchmark, alone on the host (new; ref and new again with PD_REF_DIR)
 bench() {  # $1: label, $2: extra PYTHONPATH in front ("" = this tree)
   local t=$(date +%s)
-  PYTHONPATH=${2:+$2:}${PYTHONPATH:-} CUDA_VISIBLE_DEVICES=0,1 timeout 90 $PY -m mori_core.bench vllm-pd --agents \
-    --device cuda --frameworks vllm --iters 30 --warmup 3 --block-order both --breakdown \
-    --engine-env "MORI_IO_XGMI_CE_BATCH=0" \
+  PYTHONPATH=${2:+$2:}${PYTHONPATH:-} CUDA_VISIBLE_DEVICES=0,1 timeout 240 $PY -m mori_core.bench vllm-pd --agents \
+    --device cuda --frameworks vllm,sglang --iters 30 --warmup 3 --block-order both --breakdown \
+    --connector-config "lead_layers=0" --sglang-one-call \
     > "$OUT/pd_request_B_$1.md" 2>&1
   local r=$?; [ "$r" = 0 ] || rc=1
   echo "--- B $1 (exit $r, $(( $(date +%s) - t )) s)"
 }
 bench new ""
+for i in $(seq 2 "${PD_ROUNDS:-2}"); do bench "new$i" ""; done
 if [ -n "${PD_REF_DIR:-}" ]; then
   PYTHONPATH=$PD_REF_DIR${PYTHONPATH:+:$PYTHONPATH} $PY -c "import mori_integrations, sys; print('ref adapters:', mori_integrations.__file__)"
   bench ref "$(cd "$PD_REF_DIR" && pwd)"
@@ -63,7 +66,7 @@ done
 echo
 for f in "$OUT"/pd_request_B_*.md; do  # the request rows last (what the tool's output tail keeps)
   echo "=== requests: $(basename "$f")"
-  grep -E "MoriSuiteConnector|plain copy|Traceback" "$f"
+  grep -E "MoriSuiteConnector|SGLang PD chunk \(|plain copy|Traceback" "$f"
 done
 echo "pd_request: total $(( $(date +%s) - T0 )) s"
 exit $rc

@@ -23,11 +23,19 @@ import numpy as np
 import numpy.typing as npt
 import zmq
 
-from mori_core.io import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, TcpBackendConfig, XgmiBackendConfig
+from mori_core.io import (
+    BackendType,
+    EngineDesc,
+    MemoryDesc,
+    MemoryLocationType,
+    TcpBackendConfig,
+    TransferStatus,
+    XgmiBackendConfig,
+)
 from mori_integrations.common.doorbell import DoorbellBoard, DoorbellError, DoorbellRing
 from mori_integrations.common.engine_setup import create_engine
 from mori_integrations.common.local_inbox import LocalSender, inbox_name, try_inbox
-from mori_integrations.common.segments import PlanError, TransferBatch
+from mori_integrations.common.segments import PlanError, TransferBatch, lead_units
 from mori_integrations.vllm.kv_connector.config import ConnectorConfig, rank_port
 from mori_integrations.vllm.kv_connector.control import ControlServer, HandshakeError, Notifier, fetch_metadata
 from mori_integrations.vllm.kv_connector.heartbeat import ProxyHeartbeat
@@ -464,6 +472,51 @@ class TransferAgent:
                 segs = (local_off, remote_off, sizes)
             batch.add(self.regions[local_region], peer.regions[remote_region], segs)
         return batch
+
+    def submit_layers(
+        self,
+        peer: Peer,
+        local_is_source: bool,
+        blocks: Sequence[Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
+        head_pairs: Sequence[Tuple[int, int]],
+        layer_names: Optional[Sequence[str]],
+        transfer_id: str,
+        into: List[TransferStatus],
+    ) -> int:
+        """Plan and submit (``batch_write`` when ``local_is_source``, else ``batch_read``) the named
+        (or all) layers; appends the statuses to ``into`` as each call returns; returns the bytes.
+
+        A large transfer over many layers is two plans and two engine calls: its lead layers
+        (``lead_layers`` of the config; auto: :func:`~mori_integrations.common.segments.lead_units`)
+        and then the rest, so the copy of the lead starts while the rest is still being planned
+        and submitted. Stamps ``planned`` and ``submitted`` after each call (``transfer_id``).
+        """
+        names = list(layer_names) if layer_names is not None else self._layer_names
+        lead = self._lead_layers(names, blocks, head_pairs)
+        parts = [names[:lead], names[lead:]] if lead else [layer_names]  # None: the plan cache's key for all
+        nbytes = 0
+        for part in parts:
+            batch = self.plan(peer, local_is_source, blocks, head_pairs, part)
+            self.trace.mark(transfer_id, "planned")
+            batch.submit(self.engine, read=not local_is_source, into=into)
+            self.trace.mark(transfer_id, "submitted")
+            nbytes += batch.nbytes
+        return nbytes
+
+    def _lead_layers(self, names: Sequence[str], blocks: Sequence[Tuple[npt.NDArray, npt.NDArray]],
+                     head_pairs: Sequence[Tuple[int, int]]) -> int:
+        """How many of ``names`` go in a first call of their own (0: one call)."""
+        setting = self.config.lead_layers
+        if setting == 0 or len(names) < 2:
+            return 0
+        if setting > 0:
+            return min(setting, len(names) - 1)
+        # Bytes estimated from this side's layouts: blocks x (bytes of one block's moved heads) x layers.
+        layer = self._local_layers.get(names[0])
+        if layer is None:
+            return 0
+        moved = sum(len(b[0]) for b in blocks) * layer.block_bytes * len(head_pairs) // max(1, layer.num_heads)
+        return lead_units(len(names), moved * len(names))
 
     def _region_pairs(
         self, peer: Peer, local_is_source: bool, layer_names: Optional[Sequence[str]]

@@ -22,7 +22,11 @@ still follow), ``control_spin_ms`` (0, the default: off; how long the control th
 sockets every ~20 us instead of sleeping in the kernel, after a request's KV became ready or a
 decode asked for writes. A sleeping thread takes 100-150 us to wake on an idle host, but a polling
 Python thread takes the GIL from the worker's other threads every time: measured on 4xH100, it
-saved ~30-50 us per WRITE request and cost a READ's plan on the model thread ~100 us).
+saved ~30-50 us per WRITE request and cost a READ's plan on the model thread ~100 us),
+``lead_layers`` (-1, the default: auto; 0: off; N: the first N layers): a request's transfer over
+many layers is planned and submitted in two parts, its lead layers and then the rest, so the copy
+of the lead runs while the host plans and submits the rest (auto: a quarter of the layers when
+there are at least 8 and the request moves at least 32 MiB; see ``common.segments.lead_units``).
 
 Unknown keys are ignored (other tools keep their own keys in the same dict); every
 known key with a bad value raises ``ValueError`` naming the key, the value and the limit.
@@ -79,6 +83,7 @@ class ConnectorConfig:
     xgmi_proxy_blocks: int
     same_host_signals: bool
     control_spin_ms: int  # 0: off (see the module docstring)
+    lead_layers: int  # -1: auto, 0: one call per transfer, N: the first N layers first
     http_port: Optional[int]
     proxy_ip: str
     proxy_ping_port: Optional[int]
@@ -125,6 +130,7 @@ class ConnectorConfig:
             xgmi_proxy_blocks=cfg.get_int("xgmi_proxy_blocks", 0, 0, 64),
             same_host_signals=cfg.get_bool("same_host_signals", True),
             control_spin_ms=cfg.get_int("control_spin_ms", 0, 0, 60_000),
+            lead_layers=cfg.get_int("lead_layers", -1, -1, 1 << 16),
             http_port=cfg.get_int("http_port", None, 1, 65535),
             proxy_ip=proxy_ip,
             proxy_ping_port=ping_port,

@@ -343,14 +343,19 @@ class ConsumerSide:
         blocks = self._block_pairs(job)
         statuses, nbytes_by_rank = [], {}
         t0 = time.monotonic()
-        for peer in producers:
-            pairs = cached_head_pairs(ident.total_kv_heads, peer.meta.tp_size, peer.meta.tp_rank, ident.tp_size,
-                               ident.tp_rank, ident.replicated_heads)
-            batch = agent.plan(peer, False, blocks, pairs)
-            agent.trace.mark(job.transfer_id, "planned")
-            statuses.extend(batch.submit(agent.engine, read=True))
-            agent.trace.mark(job.transfer_id, "submitted")
-            nbytes_by_rank[peer.meta.tp_rank] = batch.nbytes
+        try:
+            for peer in producers:
+                pairs = cached_head_pairs(ident.total_kv_heads, peer.meta.tp_size, peer.meta.tp_rank, ident.tp_size,
+                                          ident.tp_rank, ident.replicated_heads)
+                nbytes_by_rank[peer.meta.tp_rank] = agent.submit_layers(peer, False, blocks, pairs, None,
+                                                                        job.transfer_id, statuses)
+        except BaseException:
+            # Reads already submitted (an earlier producer, a lead part) still land in our blocks: they
+            # end before the caller records the failure and vLLM may hand the blocks to another request.
+            _, quiescent = await_statuses(agent.engine, statuses, agent.config.transfer_timeout_s)
+            if not quiescent:
+                await_statuses(agent.engine, statuses, agent.config.tcp_op_timeout_ms / 1000 + 5)
+            raise
         if submit_only:  # the caller must not wait: a transfer thread waits (while the copy runs)
             agent.pool.submit(self._read_wait, recv, producers, statuses, nbytes_by_rank, t0)
         else:

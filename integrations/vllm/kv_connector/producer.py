@@ -451,14 +451,16 @@ class ProducerSide:
         if not skip:
             trace.mark(send.transfer_id, "prepared")
             t_submit = time.monotonic()  # TCP sends from this thread inside submit(): time it from here
-            batch = agent.plan(target.peer, True, target.blocks, target.pairs, item.layers)
-            trace.mark(send.transfer_id, "planned")
-            statuses = batch.submit(agent.engine)
-            trace.mark(send.transfer_id, "submitted")
+            statuses: List[Any] = []
+            try:
+                nbytes = agent.submit_layers(target.peer, True, target.blocks, target.pairs, item.layers,
+                                             send.transfer_id, statuses)
+            finally:  # a lead part already submitted is in flight even when the rest failed: _finish waits for it
+                with agent.lock:
+                    target.started = target.started or t_submit
+                    target.statuses.extend(statuses)
             with agent.lock:
-                target.started = target.started or t_submit
-                target.statuses.extend(statuses)
-                target.nbytes += batch.nbytes
+                target.nbytes += nbytes
         if item.final:
             agent.pool.submit(self._finish, send, target)
 

@@ -75,7 +75,8 @@ def _block_ids(n: int, order: str, seed: int) -> List[int]:
 class _VllmPair:
     """A prefill and a decode agent (one request shape, one engine setting)."""
 
-    def __init__(self, args: argparse.Namespace, devices: Tuple[str, str], env: Dict[str, str], label: str) -> None:
+    def __init__(self, args: argparse.Namespace, devices: Tuple[str, str], env: Dict[str, str], label: str,
+                 config: Optional[Dict[str, Any]] = None) -> None:
         from mori_core.bench.pd_agents import AgentProcess, free_port_block
 
         self.args, self.label = args, label
@@ -86,7 +87,7 @@ class _VllmPair:
         for name, dev in zip(("bench-prefill", "bench-decode"), devices):
             base = free_port_block(2)
             extra = {"backend": "auto", "host_ip": "127.0.0.1", "handshake_port": base, "notify_port": base + 1,
-                     **_TIMEOUTS}
+                     **_TIMEOUTS, **(config or {})}
             makers.append(lambda s=dict(spec, engine_id=f"{name}-{label}", device=dev, extra=extra): AgentProcess(s))
         self.makers = makers
         self.prefill = self.decode = None
@@ -150,7 +151,8 @@ _WRITE_PHASES = [
     ("control: write request to the prefill", ("d", "write_request_sent", 1), ("p", "write_request_received", 0)),
     ("prefill: request -> writer thread", ("p", "write_request_received", 0), ("p", "write_begin", 0)),
     ("prefill: block and head pairs", ("p", "write_begin", 0), ("p", "prepared", 0)),
-    ("prefill: plan (all layers)", ("p", "prepared", 0), ("p", "planned", 1)),
+    ("prefill: pairs -> first copy submitted", ("p", "prepared", 0), ("p", "submitted", 0)),
+    ("prefill: plan (all layers; with a lead part, its call too)", ("p", "prepared", 0), ("p", "planned", 1)),
     ("prefill: batch_write call (host)", ("p", "planned", 1), ("p", "submitted", 1)),
     ("prefill: submitted -> copy done seen", ("p", "submitted", 1), ("p", "statuses_done", 1)),
     ("prefill: done -> WriteDone sent", ("p", "statuses_done", 1), ("p", "write_done_sent", 1)),
@@ -173,7 +175,8 @@ _PIPELINED_PHASES = [
 ]
 _READ_PHASES = [
     ("decode: job -> peer known (cached handshake)", ("d", "recv_start", 0), ("d", "handshake_done", 0)),
-    ("decode: plan (all layers)", ("d", "handshake_done", 0), ("d", "planned", 1)),
+    ("decode: peer known -> first copy submitted", ("d", "handshake_done", 0), ("d", "submitted", 0)),
+    ("decode: plan (all layers; with a lead part, its call too)", ("d", "handshake_done", 0), ("d", "planned", 1)),
     ("decode: batch_read call (host)", ("d", "planned", 1), ("d", "submitted", 1)),
     ("decode: submitted -> copy done seen", ("d", "submitted", 1), ("d", "statuses_done", 1)),
     ("decode: done -> outcome (ConsumerDone sent)", ("d", "statuses_done", 1), ("d", "result", 1)),
@@ -217,11 +220,12 @@ class _SglangPair:
             if p is not None:
                 p.close()
 
-    def run(self, order: str, room: int, iters: int, warmup: int) -> Dict[str, Any]:
+    def run(self, order: str, room: int, iters: int, warmup: int, lead_split: bool = True) -> Dict[str, Any]:
+        """``lead_split``: the chunk's lead region pairs in a call of their own (the default), or one call."""
         src = _block_ids(self.pages, order, 100 + room)
         dst = _block_ids(self.pages, order, 200 + room)
         self.prefill.call("target", self.decode.call("metadata", (room, dst, 1, 1)))
-        out = self.prefill.call("bench", ((room, src, 0, len(dst), True, 2), iters, warmup), timeout=300)
+        out = self.prefill.call("bench", ((room, src, 0, len(dst), True, 2), iters, warmup, lead_split), timeout=300)
         out["route"] = ", ".join(f"{k.split()[-1]} {v}" for k, v in sorted(self.prefill.call("routes").items()))
         return out
 
@@ -252,6 +256,24 @@ def _plain_copy_ms(nbytes: int, devices: Tuple[str, str], iters: int) -> float:
     return median(times[2:])
 
 
+def _config_values(cfg: Dict[str, str]) -> Dict[str, Any]:
+    """Connector config overrides from ``key=value`` text: ints, floats and true/false as such."""
+    out: Dict[str, Any] = {}
+    for k, v in cfg.items():
+        low = v.strip().lower()
+        if low in ("true", "false"):
+            out[k] = low == "true"
+            continue
+        try:
+            out[k] = int(v)
+        except ValueError:
+            try:
+                out[k] = float(v)
+            except ValueError:
+                out[k] = v
+    return out
+
+
 def _env_settings(text: str) -> List[Dict[str, str]]:
     """``"A=1,B=2;A=3"`` -> [{A: 1, B: 2}, {A: 3}] (one extra engine setting per ``;`` part)."""
     out = []
@@ -267,9 +289,13 @@ def run_agents(args: argparse.Namespace) -> int:
     devices = _devices(args.device)
     orders = ["contiguous", "scattered"] if args.block_order == "both" else [args.block_order]
     frameworks = {f for f in args.frameworks.split(",") if f}
-    settings = [({}, "default")] + [(env, ",".join(f"{k}={v}" for k, v in env.items()))
-                                    for env in _env_settings(args.engine_env)]
-    vllm = [_VllmPair(args, devices, env, f"v{i}") for i, (env, _) in enumerate(settings)] if "vllm" in frameworks else []
+    # (engine environment, connector config overrides, label) of each vLLM agent pair
+    settings = ([({}, {}, "default")]
+                + [(env, {}, ",".join(f"{k}={v}" for k, v in env.items())) for env in _env_settings(args.engine_env)]
+                + [({}, _config_values(cfg), ",".join(f"{k}={v}" for k, v in cfg.items()))
+                   for cfg in _env_settings(args.connector_config)])
+    vllm = ([_VllmPair(args, devices, env, f"v{i}", cfg) for i, (env, cfg, _) in enumerate(settings)]
+            if "vllm" in frameworks else [])
     sgl = _SglangPair(args, devices) if "sglang" in frameworks else None
     makers = [m for v in vllm for m in v.makers] + (sgl.makers if sgl else [])
     rows, phase_rows, sg_rows = [], [], []
@@ -287,7 +313,7 @@ def run_agents(args: argparse.Namespace) -> int:
         if devices[0] == "cpu":
             modes = [m for m in modes if m != "pipelined"]
         for order in orders:
-            for v, (_, setting) in zip(vllm, settings):
+            for v, (_, _, setting) in zip(vllm, settings):
                 for mode in modes:
                     if mode == "pipelined" and setting != "default":
                         continue  # extra engine settings: the whole-request rows only
@@ -303,13 +329,19 @@ def run_agents(args: argparse.Namespace) -> int:
                         table = {"write": _WRITE_PHASES, "read": _READ_PHASES, "pipelined": _PIPELINED_PHASES}[mode]
                         phase_rows += _phase_rows(f"{mode}, {order}", r["phases"], table)
             if sgl:
-                r = sgl.run(order, len(sg_rows) + 1, args.iters, args.warmup)
-                nbytes = nbytes or r["nbytes"][0]
-                engine_ms = [a + b for a, b in zip(r["submit"], r["wait"])]
-                rows.append([f"SGLang PD chunk, one batch_write ({r['route']})", order, "default", median(engine_ms),
-                             median(r["chunk"]), r["nbytes"][0]])
-                sg_rows.append([order, r["pairs"][0], r["segments"][0], median(r["plan"]), median(r["submit"]),
-                                median(r["wait"]), median(r["chunk"])])
+                # Same run: the default (lead pairs in a call of their own), one call, the default again.
+                for lead_split, setting in ((True, "default"), (False, "one batch_write"), (True, "default (2)")):
+                    if not lead_split and not args.sglang_one_call:
+                        continue
+                    r = sgl.run(order, len(sg_rows) + 1, args.iters, args.warmup, lead_split)
+                    nbytes = nbytes or r["nbytes"][0]
+                    engine_ms = [a + b for a, b in zip(r["submit"], r["wait"])]
+                    rows.append([f"SGLang PD chunk ({r['route']})", order, setting, median(engine_ms),
+                                 median(r["chunk"]), r["nbytes"][0]])
+                    sg_rows.append([order, setting, r["pairs"][0], r["segments"][0], median(r["plan"]),
+                                    median(r["submit"]), median(r["wait"]), median(r["chunk"])])
+                    if not args.sglang_one_call:
+                        break
     finally:
         for p in procs:
             if p is not None:
@@ -337,7 +369,8 @@ def run_agents(args: argparse.Namespace) -> int:
     )
     if sg_rows:
         print_table("SGLang PD chunk: where the time goes (ms, median)",
-                    ["page ids", "region pairs", "segments", "plan", "batch_write call", "wait", "chunk"], sg_rows)
+                    ["page ids", "setting", "region pairs", "segments", "plan", "batch_write calls", "wait", "chunk"],
+                    sg_rows)
     if phase_rows:
         print_table("vLLM PD request: where the time goes (us, median; stamps of both processes, one clock)",
                     ["request", "phase", "us"], phase_rows)
@@ -363,4 +396,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-env", default="",
                         help="--agents: extra vLLM agent pairs with engine settings, e.g. "
                              "'MORI_IO_XGMI_KERNEL_MAX_AVG_BYTES=64M;MORI_IO_XGMI_MAX_BLOCKS=132'")
+    parser.add_argument("--connector-config", default="",
+                        help="--agents: extra vLLM agent pairs with connector settings (kv_connector_extra_config "
+                             "keys), e.g. 'lead_layers=0;lead_layers=4'")
+    parser.add_argument("--sglang-one-call", action="store_true",
+                        help="--agents: SGLang rows also with the whole chunk in one batch_write (no lead call), "
+                             "between two default runs")
     parser.add_argument("--breakdown", action="store_true", help="--agents: where a request's time goes")

@@ -226,12 +226,13 @@ def _serve_prefill(pipe: Any, spec: Dict[str, Any]) -> None:
         t0 = time.perf_counter()
         failure, quiescent = writer._write_chunk(chunk, pairs)
         return {"failure": failure, "quiescent": quiescent, "ms": (time.perf_counter() - t0) * 1000,
-                "bytes_sent": writer.bytes_sent}
+                "bytes_sent": writer.bytes_sent, "lead": writer.last_lead}
 
     def bench(arg: Any) -> Dict[str, List[float]]:
         """Times of ``iters`` whole-chunk writes: the data path, and its phases run one by one."""
-        chunk_arg, iters, warmup = arg
+        chunk_arg, iters, warmup, lead_split = arg
         chunk = chunk_of(chunk_arg)
+        writer.lead_split = lead_split
         pairs = [(t, peers.get(t.engine_key)) for t in targets[chunk.room]]
         total, plan, submit, wait = [], [], [], []
         pc = time.perf_counter_ns
@@ -243,7 +244,8 @@ def _serve_prefill(pipe: Any, spec: Dict[str, Any]) -> None:
                 raise RuntimeError(f"chunk write failed: {failure}")
             batch = writer._plan_chunk(chunk, pairs)  # the same steps, stamped between
             t2 = pc()
-            statuses = batch.submit(writer.engine)
+            statuses: List[Any] = []
+            writer._submit_chunk(chunk, batch, statuses)
             t3 = pc()
             failure, _ = writer._await_statuses(statuses)
             t4 = pc()

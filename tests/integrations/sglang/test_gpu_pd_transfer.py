@@ -88,6 +88,30 @@ def test_chunks_move_kv_over_xgmi_and_metadata_with_the_last(two) -> None:
     assert not any(any(b) for b in d.call("aux_rows", 0)), "another metadata row was written"
 
 
+def test_a_large_chunk_goes_in_two_calls_over_xgmi() -> None:
+    """A 40 MiB chunk over 16 K/V buffers: its lead region pairs go in a call of their own
+    (``_submit_chunk``), the rest with the metadata row in a second; bytes compared page by page."""
+    ranks = _start({"P": ("prefill", dict(heads=8, device="cuda:0", tp_size=1, tp_rank=0, seed=9, layers=8,
+                                          num_pages=96)),
+                    "D": ("decode", dict(heads=8, device="cuda:1", tp_size=1, tp_rank=0, layers=8, num_pages=96))})
+    try:
+        p, d = ranks["P"], ranks["D"]
+        p.call("connect", (d.call("registration"), None))
+        rng = np.random.default_rng(4)
+        src = (rng.permutation(95) + 1)[:80].tolist()
+        dst = (rng.permutation(95) + 1)[:80].tolist()
+        p.call("target", d.call("metadata", (31, dst, 1, 1)))
+        res = p.call("write", (31, src, 0, 80, True, 3))
+        assert res["failure"] is None and res["quiescent"], res
+        assert res["lead"] == 4, res  # 16 K/V pairs + the metadata row's: a quarter of 17
+        assert np.array_equal(_pages(d, dst), _pages(p, src)), "KV bytes differ"
+        assert d.call("aux_rows", 1) == p.call("aux_rows", 3)
+        assert {v for k, v in p.call("routes").items() if k.endswith("kv")} == {"XGMI"}
+    finally:
+        for r in ranks.values():
+            r.close()
+
+
 def test_tp2_prefill_to_tp2_and_tp1_decode_four_gpus() -> None:
     """Prefill TP2 (GPUs 0, 1) -> decode TP2 (GPUs 2, 3): rank r writes rank r, 4 heads each; and
     the same prefill -> a TP1 decode (GPU 3), each prefill rank writing its 4 heads into the

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from pd_cluster import Server, check_moved, transfer  # noqa: E402
+from pd_cluster import Server, Shape, check_moved, transfer  # noqa: E402
 from mori_integrations.vllm.kv_connector.tp_mapping import heads_of_rank  # noqa: E402
 
 
@@ -89,6 +89,40 @@ def test_transfers_submitted_without_a_thread_hand_off() -> None:
                 assert "mori-kv-writer" in prefill and set(prefill) <= {"mori-kv-writer", "mori-kv-ctl-tp0"}, threads
             else:  # each decode rank's request, written on arrival by the control thread
                 assert prefill == ["mori-kv-ctl-tp0"] * 2, threads
+    finally:
+        for s in made.values():
+            s.close()
+
+
+def test_lead_layers_are_submitted_in_a_call_of_their_own() -> None:
+    """With ``lead_layers``, a transfer over many layers is planned and submitted in two parts (the
+    lead layers, then the rest), so the lead's copy runs while the rest is prepared. Whoever
+    submits (the prefill in WRITE, each decode rank in READ, between TP sizes) stamps two
+    submissions; with ``lead_layers`` 0 one. The bytes are checked head by head every time."""
+    shape = Shape(layers=8)
+    made: Dict[str, Server] = {}
+    try:
+        made["P"] = Server("prefill-lead", 1, shape=shape, extra={"lead_layers": 3})
+        made["P"].ranks[0].call("fill", 5)
+        made["D2"] = Server("decode-lead", 2, shape=shape, extra={"lead_layers": 5})
+        made["P0"] = Server("prefill-nolead", 1, shape=shape, extra={"lead_layers": 0})
+        made["P0"].ranks[0].call("fill", 6)
+        made["D0"] = Server("decode-nolead", 1, shape=shape, extra={"lead_layers": 0})
+        for src, dst, split in (("P", "D2", True), ("P0", "D0", False)):
+            p, d = made[src], made[dst]
+            for r in p.ranks + d.ranks:
+                r.call("trace", ("on", None))
+            for mode in ("write", "read"):
+                results, released, sb, db, req = transfer(p, d, mode, n=6, skip=1)
+                assert all(r.ok for r in results), (src, mode, results)
+                assert released == [[req]], (src, mode, released)
+                check_moved(p, d, sb[1:], db[1:])
+                assert d.zero(db[:1])
+                tid = req[len("p-"):]
+                submitters = p.ranks if mode == "write" else d.ranks
+                for r in submitters:
+                    first, last = r.call("trace", ("take", tid))["submitted"]
+                    assert (first < last) == split, (src, mode, first, last)
     finally:
         for s in made.values():
             s.close()
