@@ -104,11 +104,13 @@ def test_one_batch_over_64_region_pairs(pair, op: str) -> None:
         target.call("free", f"{op}-r{k}")
 
 
-@pytest.mark.parametrize("op", ["write", "read"])
-def test_8192_scattered_pieces_one_session_call(pair, op: str) -> None:
-    """More segments than a kernel's parameters carry: the segment table path, one launch."""
+@pytest.mark.parametrize("op, n, piece", [("write", 8192, 2048), ("read", 8192, 2048), ("read", 1024, 40_003)],
+                         ids=["write", "read", "large-read"])
+def test_8192_scattered_pieces_one_session_call(pair, op: str, n: int, piece: int) -> None:
+    """More segments than a kernel's parameters carry: the segment table path, one launch.
+    large-read: 39 MiB, above the size where reads take larger kernel pieces
+    (MORI_IO_XGMI_READ_PIECE_BYTES), with segments that are no multiple of a piece."""
     init, target = pair
-    n, piece = 8192, 2048
     span = 2 * n * piece
     name = f"table-{op}"
     rm = target.alloc(name, span, 1)
@@ -220,10 +222,12 @@ def test_grid_settings_move_the_same_bytes(pair, env, monkeypatch) -> None:
     target.call("free", name)
 
 
-def test_bad_grid_setting_is_named(monkeypatch) -> None:
-    monkeypatch.setenv("MORI_IO_XGMI_MAX_BLOCKS", "70000")
-    e = IOEngine("grid-bad", IOEngineConfig(host="127.0.0.1", port=0, enable_auto_xgmi=False))
-    with pytest.raises(Exception, match="MORI_IO_XGMI_MAX_BLOCKS=70000 must be in"):
+@pytest.mark.parametrize("var, value, says", [("MORI_IO_XGMI_MAX_BLOCKS", "70000", "must be in"),
+                                             ("MORI_IO_XGMI_READ_PIECE_BYTES", "3000", "must be a power of two")])
+def test_bad_grid_setting_is_named(monkeypatch, var: str, value: str, says: str) -> None:
+    monkeypatch.setenv(var, value)
+    e = IOEngine(f"grid-bad-{var}", IOEngineConfig(host="127.0.0.1", port=0, enable_auto_xgmi=False))
+    with pytest.raises(Exception, match=f"{var}={value} {says}"):
         e.create_backend(BackendType.XGMI, XgmiBackendConfig())
 
 

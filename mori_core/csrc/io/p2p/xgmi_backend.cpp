@@ -59,6 +59,11 @@ XgmiTuning XgmiTuning::FromEnv() {
     throw InvalidArgument("MORI_IO_XGMI_MAX_BLOCKS=" + std::to_string(blocks) +
                           " must be in [0, 65536] (0: one block per piece)");
   t.shape.maxBlocks = static_cast<uint32_t>(blocks);
+  const uint64_t readPiece = env::GetSize("MORI_IO_XGMI_READ_PIECE_BYTES", t.largeReadPieceBytes);
+  if (readPiece < 4096 || readPiece > (1u << 20) || (readPiece & (readPiece - 1)) != 0)
+    throw InvalidArgument("MORI_IO_XGMI_READ_PIECE_BYTES=" + std::to_string(readPiece) +
+                          " must be a power of two in [4096, 1048576]");
+  t.largeReadPieceBytes = static_cast<uint32_t>(readPiece);
   return t;
 }
 
@@ -317,7 +322,9 @@ void XgmiBackend::Launch(std::vector<Job>& jobs, bool isRead) {
             *e++ = {reinterpret_cast<uint64_t>(src), reinterpret_cast<uint64_t>(dst), n, 0, 0};
           });
           profile::Mark(profile::kLaunchBegin);
-          LaunchScatterTable(*table, nsegs, tuning_.shape, signal, stream);
+          ScatterShape shape = tuning_.shape;
+          if (isRead && totalBytes >= XgmiTuning::kLargeReadBytes) shape.pieceBytes = tuning_.largeReadPieceBytes;
+          LaunchScatterTable(*table, nsegs, shape, signal, stream);
         }
         profile::Mark(profile::kLaunchEnd);
         profile::SetPath(proxied ? profile::kPathProxy : profile::kPathKernel);
