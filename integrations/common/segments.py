@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -84,7 +84,17 @@ class TransferBatch:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.sum(s)) for s in self.sizes)
+        """Bytes of every queued segment. Entries that share one sizes object (SGLang's layers
+        reuse one plan per page size) are summed once: a ``np.sum`` costs ~2-5 us, which over
+        66 region pairs was 0.15-0.4 ms of a chunk's time."""
+        sums: Dict[int, int] = {}
+        total = 0
+        for sz in self.sizes:
+            n = sums.get(id(sz))  # the batch holds every sizes object: ids stay unique meanwhile
+            if n is None:
+                n = sums[id(sz)] = int(np.sum(sz)) if isinstance(sz, np.ndarray) else sum(sz)
+            total += n
+        return total
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -494,14 +494,14 @@ class TransferAgent:
         names = list(layer_names) if layer_names is not None else self._layer_names
         lead = self._lead_layers(names, blocks, head_pairs)
         parts = [names[:lead], names[lead:]] if lead else [layer_names]  # None: the plan cache's key for all
-        nbytes = 0
+        batches = []
         for part in parts:
             batch = self.plan(peer, local_is_source, blocks, head_pairs, part)
             self.trace.mark(transfer_id, "planned")
             batch.submit(self.engine, read=not local_is_source, into=into)
             self.trace.mark(transfer_id, "submitted")
-            nbytes += batch.nbytes
-        return nbytes
+            batches.append(batch)
+        return sum(b.nbytes for b in batches)  # counted while the copy runs, not between its parts
 
     def _lead_layers(self, names: Sequence[str], blocks: Sequence[Tuple[npt.NDArray, npt.NDArray]],
                      head_pairs: Sequence[Tuple[int, int]]) -> int:

@@ -113,3 +113,15 @@ def test_a_failed_second_call_leaves_the_lead_statuses_with_the_caller(initiator
     for local, _, _ in expect:
         initiator.deregister_memory(local.desc)
     err = None  # noqa: F841  (its traceback holds this frame, whose views pin the target's shared memory)
+
+
+def test_nbytes_counts_every_entry_of_a_shared_plan() -> None:
+    """SGLang's layers share one sizes array per page size: each entry still counts its bytes."""
+    batch = TransferBatch()
+    shared = np.full(128, 32 << 10, dtype=np.int64)
+    zeros = np.zeros(128, dtype=np.int64)
+    for _ in range(64):
+        batch.add(None, None, (zeros, zeros, shared))  # type: ignore[arg-type]
+    batch.add(None, None, ([0, 8], [0, 8], [5, 3]))  # type: ignore[arg-type]  (a list entry: the metadata row)
+    batch.add(None, None, (zeros[:1], zeros[:1], np.array([7], dtype=np.int64)))  # type: ignore[arg-type]
+    assert batch.nbytes == 64 * 128 * (32 << 10) + 8 + 7

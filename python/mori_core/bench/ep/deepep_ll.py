@@ -49,34 +49,16 @@ def available() -> tuple[bool, str]:
 
 
 def kernel_time_us(fn: Callable[[], Any], calls: int, name: str) -> Optional[float]:
-    """DeepEP's timer, as its tests' ``bench_kineto(..., barrier_comm_profiling=True)`` runs it: a
-    torch profiler with a schedule that records only the second of two periods (``wait=1``), each
-    period a large matmul and an all-reduce (so the ranks enter it together) and then ``calls``
-    back-to-back calls; the result is the mean device time per launch of the kernels whose name
-    contains ``name``. None when no such kernel was recorded.
+    """Mean device time per launch of the kernels of ``fn`` whose name contains ``name``, by
+    DeepEP's tests' timer (:func:`~mori_core.bench.ep.measure.kernel_breakdown`); None when no
+    such kernel was recorded."""
+    from mori_core.bench.ep.measure import kernel_breakdown
 
-    Round 1 profiled a single period without the barrier: the first profiler session of a process
-    starts CUPTI, which takes a different time on every rank, so the first DeepEP kernel timed on
-    a rank waited for late peers (11254 us reported for a 56 us call)."""
-    import torch
-    import torch.distributed as dist
-
-    schedule = torch.profiler.schedule(wait=1, warmup=0, active=1, repeat=1)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], schedule=schedule) as prof:
-        for _ in range(2):
-            lhs = torch.randn((8192, 8192), dtype=torch.float, device="cuda")
-            rhs = torch.randn((8192, 8192), dtype=torch.float, device="cuda")
-            lhs @ rhs
-            dist.all_reduce(torch.ones(1, dtype=torch.float, device="cuda"))
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            prof.step()
-    total, count = 0.0, 0
-    for evt in prof.key_averages():
-        if name in evt.key:
-            total += getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
-            count += int(evt.count)
+    total, count = 0.0, 0.0
+    for key, (us, per_call) in kernel_breakdown(fn, calls).items():
+        if name in key:
+            total += us * per_call
+            count += per_call
     return total / count if count else None
 
 

@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"also time dispatch/combine_standard_moe (token counts <= {STD_MAX_TOKENS})")
     p.add_argument("--std-moe-paths", default="",
                    help=f"with --std-moe: comma-separated {STD_PATH_ENV} values (0, 1, 2) also timed, one op each")
+    p.add_argument("--std-kernel-times", action="store_true",
+                   help="with --std-moe: rows of each kernel's device time in the 2-D and 3-D dispatch (torch "
+                        "profiler, DeepEP's timer), to show where the 3-D path's extra time goes")
 
 
 def extension_rows(op: Any, cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, idx: Any,
@@ -169,10 +172,30 @@ def _std_path_rows(cfg: Any, args: argparse.Namespace, n: int, x: Any, w: Any, i
         for name, fn, nrows in timed:
             rows.append(measure(fn, args, sync, kernel=name, dtype="bf16", tokens=n, recv=nrows, bytes=nrows * h * 2,
                                 blocks=0, warps=0, mode="std", ext="std"))
+        if path is None and getattr(args, "std_kernel_times", False):
+            rows += _kernel_rows(timed[:2], n, sync)
         op.check_error()
     finally:
         sync()
         op.close()
+    return rows
+
+
+def _kernel_rows(timed: list, n: int, sync: Callable) -> list[dict]:
+    """Rows of each kernel's mean device time per call (launches per call x time per launch) of
+    the given (name, fn, rows) calls; every rank emits the same rows (sorted kernel names)."""
+    from mori_core.bench.ep.measure import kernel_breakdown
+
+    rows = []
+    for name, fn, _ in timed:
+        sync()
+        times = kernel_breakdown(fn, 20)
+        for key in sorted(times):
+            us, per_call = times[key]
+            short = key.split("(")[0].split("<")[0].split("::")[-1]
+            rows.append(dict(kernel=f"{name}: kernel {short} (x{per_call:g} per call)", dtype="bf16", tokens=n,
+                             recv=0, bytes=0, blocks=0, warps=0, mode="std", ext="std", eager_us=us * per_call,
+                             eager_mean_us=us * per_call, host_us=0.0, us=us * per_call, graph_us=None))
     return rows
 
 

@@ -223,6 +223,40 @@ def bench_like_deepep(fn: Callable[[], Any], warmup: int = 50, tests: int = 50) 
                 host_us=statistics.median(host_ns[1:]) / 1000)
 
 
+def kernel_breakdown(fn: Callable[[], Any], calls: int) -> dict[str, tuple[float, float]]:
+    """Device time of each kernel ``fn`` launches: name -> (mean us per launch, launches per call).
+
+    DeepEP's tests' timer (``bench_kineto(..., barrier_comm_profiling=True)``): a torch profiler
+    with a schedule that records only the second of two periods (``wait=1``), each period a large
+    matmul and an all-reduce (so the ranks enter it together) and then ``calls`` back-to-back
+    calls. The first profiler session of a process starts CUPTI, which takes a different time on
+    every rank, so a single period would time the first collective kernel waiting for late peers.
+    Kernels of the matmul and the all-reduce are left out (names with "gemm", "nccl", "Kernel2")."""
+    import torch
+    import torch.distributed as dist
+
+    schedule = torch.profiler.schedule(wait=1, warmup=0, active=1, repeat=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], schedule=schedule) as prof:
+        for _ in range(2):
+            lhs = torch.randn((8192, 8192), dtype=torch.float, device="cuda")
+            rhs = torch.randn((8192, 8192), dtype=torch.float, device="cuda")
+            lhs @ rhs
+            dist.all_reduce(torch.ones(1, dtype=torch.float, device="cuda"))
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            prof.step()
+    out: dict[str, tuple[float, float]] = {}
+    for evt in prof.key_averages():
+        key = evt.key
+        if any(skip in key for skip in ("gemm", "nccl", "Kernel2", "elementwise", "Memset", "Memcpy")):
+            continue
+        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if evt.count and total:
+            out[key] = (total / evt.count, evt.count / calls)
+    return out
+
+
 def time_graph(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], None]) -> Optional[float]:
     """Median microseconds per op of ``fn`` (one launch), captured ``ops_per_graph`` times;
     None with ``--no-graph``."""
