@@ -91,6 +91,7 @@ class _VllmPair:
             makers.append(lambda s=dict(spec, engine_id=f"{name}-{label}", device=dev, extra=extra): AgentProcess(s))
         self.makers = makers
         self.prefill = self.decode = None
+        self.passes = 0  # run() calls so far
 
     def started(self, procs: List[Any]) -> None:
         self.prefill, self.decode = procs
@@ -110,8 +111,9 @@ class _VllmPair:
         for proc in (p, d):
             proc.call("trace", ("on" if trace else "off", None))
         out: Dict[str, Any] = {"engine": [], "request": [], "phases": [], "nbytes": 0}
+        self.passes += 1
         for i in range(warmup + iters):
-            tid = f"{self.label}-{mode}-{order}-{i}"
+            tid = f"{self.label}-{mode}-{order}-p{self.passes}-{i}"  # unique: a finished id is refused again
             src = _block_ids(self.blocks, order, 2 * i)
             dst = _block_ids(self.blocks, order, 2 * i + 1)
             send = SendJob(req_id=f"p-{tid}", transfer_id=tid, block_ids=[src], num_prompt_tokens=self.args.tokens)
@@ -317,7 +319,12 @@ def run_agents(args: argparse.Namespace) -> int:
                 for mode in modes:
                     if mode == "pipelined" and setting != "default":
                         continue  # extra engine settings: the whole-request rows only
-                    r = v.run(mode, order, args.iters, args.warmup, args.breakdown and setting == "default")
+                    # The table's times come from untraced requests (the phase stamps cost every
+                    # request a few tens of us, which other settings' rows would not pay); the
+                    # breakdown from a traced pass after them.
+                    r = v.run(mode, order, args.iters, args.warmup, False)
+                    if args.breakdown and setting == "default":
+                        r["phases"] = v.run(mode, order, args.iters, 1, True)["phases"]
                     nbytes = r["nbytes"]
                     what = {"write": "WRITE", "read": "READ",
                             "pipelined": f"WRITE layer-pipelined ({args.layer_us:g} us/layer forward)"}[mode]
