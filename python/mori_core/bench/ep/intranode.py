@@ -315,7 +315,8 @@ def _print_targets(world: int, best: list[dict], merged: list[dict], title: str)
                               f">= {target}x" if target else "-",
                               "-" if not target else ("yes" if ratio >= target else "no")])
     std = {m["kernel"]: m["eager_mean_us"] for m in merged if m.get("ext") == "std" and m["tokens"] == 128}
-    for name in (k for k in std if k.startswith("dispatch_standard_moe") and "combine" not in k):
+    # Whole calls only: the --std-kernel-times rows ("...: kernel ...") are parts of a call.
+    for name in (k for k in std if k.startswith("dispatch_standard_moe") and "combine" not in k and ": kernel " not in k):
         if "dispatch (same op)" in std:
             ratio = std[name] / std["dispatch (same op)"]
             lines.append([128, f"{name} / 2-D dispatch", f"{ratio:.2f}x", f"<= {STD_MOE_TARGET}x",
