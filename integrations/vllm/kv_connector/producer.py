@@ -452,6 +452,7 @@ class ProducerSide:
             trace.mark(send.transfer_id, "prepared")
             t_submit = time.monotonic()  # TCP sends from this thread inside submit(): time it from here
             statuses: List[Any] = []
+            nbytes = 0
             try:
                 nbytes = agent.submit_layers(target.peer, True, target.blocks, target.pairs, item.layers,
                                              send.transfer_id, statuses)
@@ -459,8 +460,7 @@ class ProducerSide:
                 with agent.lock:
                     target.started = target.started or t_submit
                     target.statuses.extend(statuses)
-            with agent.lock:
-                target.nbytes += nbytes
+                    target.nbytes += nbytes
         if item.final:
             agent.pool.submit(self._finish, send, target)
 

@@ -1,40 +1,25 @@
 """A transfer batch submitted in two engine calls (lead region pairs first), over a real IO engine.
 
-The engine is the real core over TCP, in this process, writing into a target engine in another
-process; a thin recorder in front of it notes which entries each call carried and forwards the
-call unchanged.
+The engine is the real core over TCP, in this process (``initiator``, conftest.py), writing into a
+target engine in another process; a thin recorder in front of it notes which entries each call
+carried and forwards the call unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List
+from typing import Any, List
 
 import numpy as np
 import pytest
 
-from mori_core.bench.peer import LocalBuffer, TargetProcess
-from mori_core.io import BackendType, IOEngine, IOEngineConfig, StatusCode, TcpBackendConfig
+from io_peer import LocalBuffer, TargetProcess
+
+from mori_core.io import IOEngine, StatusCode
 from mori_integrations.common.segments import LEAD_MIN_BYTES, LEAD_MIN_UNITS, TransferBatch, lead_units
 
 POISON = 0x5A
 PAIRS = 10
 PIECE = 4096
-
-
-@pytest.fixture(scope="module")
-def target() -> Iterator[TargetProcess]:
-    t = TargetProcess("lead-target")
-    yield t
-    t.close()
-
-
-@pytest.fixture(scope="module")
-def initiator(target: TargetProcess) -> Iterator[IOEngine]:
-    e = IOEngine("lead-initiator", IOEngineConfig(host="127.0.0.1", port=0))
-    e.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
-    e.register_remote_engine(target.desc)
-    target.register_initiator(e)
-    yield e
 
 
 class _Recorder:
