@@ -64,6 +64,10 @@ def start_pd(work: Path, model: Path, timeouts: Dict[str, float], reference: boo
     def kv(role: str, base: int, policy: str, engine_id: Optional[str] = None) -> Dict:
         extra = {"backend": "tcp", "host_ip": "127.0.0.1", "handshake_port": base, "notify_port": base + 1,
                  **timeouts}
+        if role == "kv_producer":
+            # The prefill submits its WRITEs in two parts (first layer, then the rest), as a large
+            # request does by default (too small here for the automatic split); decodes' READs in one.
+            extra["lead_layers"] = 1
         config = {"kv_connector": "MoriSuiteConnector", "kv_role": role, "kv_load_failure_policy": policy,
                   "kv_connector_extra_config": extra}
         if engine_id is not None:
