@@ -214,8 +214,18 @@ def _std_case(rank, world, dev, seed, hidden, dtype, scale_dim, num_experts, top
     return errs
 
 
-def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128, env=None) -> list[str]:
-    """A plain dispatch + FP8 combine on the GPU op (op settings ``env``) vs the reference."""
+def _every_bf16_value(dev: torch.device) -> torch.Tensor:
+    """All 65,536 bf16 bit patterns but the NaNs (normal, subnormal, above 448, +-inf, +-0)."""
+    vals = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    return vals[~torch.isnan(vals)].to(dev)
+
+
+def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128, env=None, codec=False) -> list[str]:
+    """A plain dispatch + FP8 combine on the GPU op (op settings ``env``) vs the reference.
+
+    ``codec``: the tokens are every non-NaN bf16 value in turn and the experts return them
+    unchanged, so the device's e4m3 encode and decode meet ties, subnormals, saturation and
+    infinities (the reference quantises with torch's float8_e4m3fn cast)."""
     import torch.distributed as dist
 
     errs: list[str] = []
@@ -226,10 +236,16 @@ def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128, env
             counts = [max_tok - 17 * r - 5 * rnd for r in range(world)]
             data = _inputs(seed + rnd, world, counts, hidden, epr * world, topk, torch.bfloat16, 0, False, dev)
             mine = data[rank]
+            mult = 3.0 + rank
+            if codec:
+                vals = _every_bf16_value(dev)
+                pos = torch.arange(counts[rank] * hidden, device=dev) + (rank * 7919 + rnd * 104729)
+                mine = dict(mine, x=vals[pos % vals.numel()].view(counts[rank], hidden))
+                mult = 1.0
             out, out_w, _, _, total = op.dispatch(mine["x"], mine["w"], None, mine["idx"])
             torch.cuda.synchronize()
             n = int(total[0])
-            y = (out[:n].to(torch.float32) * (3.0 + rank)).to(torch.bfloat16)
+            y = (out[:n].to(torch.float32) * mult).to(torch.bfloat16)
             comb, comb_w = op.combine(combine_input(op, y, push), out_w, mine["idx"])
             comb = comb[: counts[rank]].clone()
             comb_w = comb_w[: counts[rank]].clone()
@@ -238,7 +254,7 @@ def _fp8_case(rank, world, dev, seed, quant, push, hidden=7168, max_tok=128, env
             rres = ref.dispatch(mine["x"], mine["w"], None, mine["idx"])
             rn = int(rres[4][0])
             ry = torch.zeros(cfg.max_num_tokens_to_recv(), hidden, dtype=torch.bfloat16, device=dev)
-            ry[:rn] = (rres[0][:rn].to(torch.float32) * (3.0 + rank)).to(torch.bfloat16)
+            ry[:rn] = (rres[0][:rn].to(torch.float32) * mult).to(torch.bfloat16)
             rcomb, rcomb_w = ref.combine(ry, rres[1], mine["idx"], use_external_inp_buf=1)
             for name, a, b in (("combine", comb, rcomb[: counts[rank]]), ("combine weights", comb_w, rcomb_w[: counts[rank]])):
                 e = _first_diff(f"{quant} push={push} round {rnd} {name} vs reference", a, b)
@@ -345,6 +361,10 @@ def _suite(rank: int, world: int, out_path: str) -> None:
         ("fp8_blockwise pull", lambda: _fp8_case(rank, world, dev, 11, "fp8_blockwise", False)),
         ("fp8_direct_cast push", lambda: _fp8_case(rank, world, dev, 12, "fp8_direct_cast", True)),
         ("fp8_direct_cast pull h4096", lambda: _fp8_case(rank, world, dev, 13, "fp8_direct_cast", False, hidden=4096)),
+        ("fp8_direct_cast codec, every bf16 value, push", lambda: _fp8_case(
+            rank, world, dev, 19, "fp8_direct_cast", True, codec=True)),
+        ("fp8_direct_cast codec, every bf16 value, pull", lambda: _fp8_case(
+            rank, world, dev, 20, "fp8_direct_cast", False, codec=True)),
         # staged push (chunks of 32 of the 128 tokens), and the pull kernel (quantise, then read) of a pull call
         ("fp8_blockwise push staged", lambda: _fp8_case(rank, world, dev, 14, "fp8_blockwise", True, env={STAGE: "32"})),
         ("fp8_direct_cast pull staged", lambda: _fp8_case(rank, world, dev, 15, "fp8_direct_cast", False,

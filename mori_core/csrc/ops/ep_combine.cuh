@@ -52,6 +52,10 @@ namespace dev {
 
 constexpr int kCopyUnroll = 8;  // push rows: one destination each, so keep more loads in flight
 
+#ifndef MORI_EP_FP8_UNROLL
+#define MORI_EP_FP8_UNROLL 8
+#endif
+
 template <typename Tag, int kWorld>
 struct CombineShape {
   static constexpr int kElems = VecTraits<Tag>::kElems;
@@ -60,7 +64,10 @@ struct CombineShape {
   static constexpr int kU0 = 16 / kWorld < 32 / kElems ? 16 / kWorld : 32 / kElems;
   static constexpr int kUnroll = kU0 < 1 ? 1 : kU0;
   // FP8 rows: an e4m3 vector, its block scale and the decode need more registers per vector.
-  static constexpr int kFp8Unroll = 8 / kWorld < 1 ? 1 : 8 / kWorld;
+  // MORI_EP_FP8_UNROLL (a build-time knob for A/B runs) is the numerator: vectors per lane
+  // in flight = MORI_EP_FP8_UNROLL / world. 16 measured within noise of 8 at EP4 x 4096 and
+  // spills in the blockwise overlapped kernel at EP2, so 8 stays.
+  static constexpr int kFp8Unroll = MORI_EP_FP8_UNROLL / kWorld < 1 ? 1 : MORI_EP_FP8_UNROLL / kWorld;
 };
 
 // Work split of `count` rows over all warps of the grid: rows are cut into

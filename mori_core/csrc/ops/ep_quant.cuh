@@ -17,6 +17,48 @@ namespace mori::ep::dev {
 
 constexpr int kFp8BlockVecs = kFp8BlockElems / 8;  // 16-byte bf16 vectors per scale block
 
+// NVIDIA sm_89 and newer convert two values per instruction (cvt ... e4m3x2), with the same
+// rounding (nearest, ties to even, subnormals included) and saturation (satfinite: |x| >= 448 and
+// +-inf give +-448) as fp8::EncodeE4m3. The software codec costs ~10 integer operations per value
+// to encode and ~6 to decode; across the 100 M values a rank converts in an EP4 x 4096 combine
+// those issue slots were what the push and reduce loops lacked for their loads (4xH100, same run:
+// direct cast 378 -> 310 us, blockwise 437 -> 354 us; docs/ep.md, issue #31 round 6).
+// Elsewhere (HIP, older NVIDIA), or built with MORI_EP_FP8_SOFT_CODEC defined (for A/B runs),
+// the software codec runs. Both give the bytes torch's
+// float8_e4m3fn cast gives (tests/ep/test_fp8_codec.py host side, the GPU suite's codec case
+// device side); only the sign of a NaN may differ (the hardware writes 0x7f).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MORI_EP_FP8_SOFT_CODEC)
+#define MORI_EP_FP8_CVT_X2 1
+#else
+#define MORI_EP_FP8_CVT_X2 0
+#endif
+
+// e4m3 bytes of a (low byte) and b (high byte).
+__device__ __forceinline__ uint32_t EncodeE4m3x2(float a, float b) {
+#if MORI_EP_FP8_CVT_X2
+  uint16_t d;
+  // the first source goes to the upper byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(b), "f"(a));
+  return d;
+#else
+  return static_cast<uint32_t>(fp8::EncodeE4m3(a)) | (static_cast<uint32_t>(fp8::EncodeE4m3(b)) << 8);
+#endif
+}
+
+// The values of the two e4m3 bytes in the low 16 bits of `two` (low byte first).
+__device__ __forceinline__ void DecodeE4m3x2(uint32_t two, float& lo, float& hi) {
+#if MORI_EP_FP8_CVT_X2
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<uint16_t>(two)));
+  // every e4m3 value is exact in fp16 and so in fp32
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(static_cast<uint16_t>(h2)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<uint16_t>(h2 >> 16)));
+#else
+  lo = fp8::DecodeE4m3(static_cast<uint8_t>(two));
+  hi = fp8::DecodeE4m3(static_cast<uint8_t>(two >> 8));
+#endif
+}
+
 // max that keeps NaN (like torch.amax), so a NaN block scales exactly as the reference does.
 __device__ __forceinline__ float NanMax(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
 
@@ -43,14 +85,11 @@ __device__ __forceinline__ void Fp8QuantStore(const float (&f)[8], bool active, 
     inv = 1.f / scale;
   }
   if (!active) return;
-  uint32_t lo = 0, hi = 0;
+  float g[8];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float a = kQuant == kQuantFp8Block ? f[j] * inv : f[j];
-    const float b = kQuant == kQuantFp8Block ? f[j + 4] * inv : f[j + 4];
-    lo |= static_cast<uint32_t>(fp8::EncodeE4m3(a)) << (8 * j);
-    hi |= static_cast<uint32_t>(fp8::EncodeE4m3(b)) << (8 * j);
-  }
+  for (int j = 0; j < 8; ++j) g[j] = kQuant == kQuantFp8Block ? f[j] * inv : f[j];
+  const uint32_t lo = EncodeE4m3x2(g[0], g[1]) | (EncodeE4m3x2(g[2], g[3]) << 16);
+  const uint32_t hi = EncodeE4m3x2(g[4], g[5]) | (EncodeE4m3x2(g[6], g[7]) << 16);
   Store8(reinterpret_cast<uint2*>(row) + v, make_uint2(lo, hi));
   if (kQuant == kQuantFp8Block && (v % kFp8BlockVecs) == 0)
     reinterpret_cast<float*>(row + row_bytes / 2)[v / kFp8BlockVecs] = scale;
@@ -59,13 +98,13 @@ __device__ __forceinline__ void Fp8QuantStore(const float (&f)[8], bool active, 
 // acc += dequantised 8 values of an e4m3 vector (blockwise: times the block scale).
 template <int kQuant>
 __device__ __forceinline__ void Fp8Accumulate(float (&acc)[8], uint32_t lo, uint32_t hi, float scale) {
+  float d[8];
+  DecodeE4m3x2(lo, d[0], d[1]);
+  DecodeE4m3x2(lo >> 16, d[2], d[3]);
+  DecodeE4m3x2(hi, d[4], d[5]);
+  DecodeE4m3x2(hi >> 16, d[6], d[7]);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float a = fp8::DecodeE4m3(static_cast<uint8_t>(lo >> (8 * j)));
-    const float b = fp8::DecodeE4m3(static_cast<uint8_t>(hi >> (8 * j)));
-    acc[j] += kQuant == kQuantFp8Block ? __fmul_rn(a, scale) : a;
-    acc[j + 4] += kQuant == kQuantFp8Block ? __fmul_rn(b, scale) : b;
-  }
+  for (int j = 0; j < 8; ++j) acc[j] += kQuant == kQuantFp8Block ? __fmul_rn(d[j], scale) : d[j];
 }
 
 }  // namespace mori::ep::dev
