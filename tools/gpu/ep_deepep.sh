@@ -49,20 +49,8 @@ SUMMARY="$OUT/ep_deepep_summary.txt"
 PYTEST="$PY -m pytest -q -rs -p no:cacheprovider -o addopts=''"
 T0=$SECONDS
 
-left() { echo $(( BUDGET - (SECONDS - T0) )); }
-
-run() {  # run NAME LIMIT CMD...: bounded by LIMIT and by what is left of the budget
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS cap
-  cap=$(left); [ "$cap" -lt "$limit" ] && limit=$cap
-  if [ "$limit" -le 5 ]; then printf '%-10s skipped (budget spent)\n' "$name" | tee -a "$SUMMARY"; return 124; fi
-  echo "=== $name (limit ${limit}s): $*" > "$OUT/$name.log"
-  timeout --signal=KILL "$limit" bash -c "$*" >> "$OUT/$name.log" 2>&1
-  local rc=$?
-  printf '%-10s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
-    "$(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/$name.log" | tail -1)" >> "$SUMMARY"
-  return $rc
-}
+# shellcheck source=tools/gpu/lib/budget_steps.sh
+source tools/gpu/lib/budget_steps.sh
 
 wait_deepep() {  # bounded wait for the lead's background build; sets DEEPEP_PATH when it is usable
   local limit=$1 t=0

@@ -24,19 +24,8 @@ T0=$SECONDS
 SUMMARY="$OUT/ep_fp8_ab_summary.txt"
 : > "$SUMMARY"
 
-left() { echo $(( BUDGET - (SECONDS - T0) )); }
-run() {  # run NAME LIMIT CMD: bounded by LIMIT and by what is left of the budget
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS cap
-  cap=$(left); [ "$cap" -lt "$limit" ] && limit=$cap
-  if [ "$limit" -le 5 ]; then printf '%-14s skipped (budget spent)\n' "$name" | tee -a "$SUMMARY"; return 124; fi
-  echo "=== $name (limit ${limit}s): $*" > "$OUT/$name.log"
-  timeout --signal=KILL "$limit" bash -c "$*" >> "$OUT/$name.log" 2>&1
-  local rc=$?
-  printf '%-14s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
-    "$(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/$name.log" | tail -1)" >> "$SUMMARY"
-  return $rc
-}
+# shellcheck source=tools/gpu/lib/budget_steps.sh
+source tools/gpu/lib/budget_steps.sh
 
 declare -A FLAGS=([soft]="-DMORI_EP_FP8_SOFT_CODEC" [hw16]="-DMORI_EP_FP8_UNROLL=16")
 declare -A BUILD_PID
