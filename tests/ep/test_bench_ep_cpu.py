@@ -21,11 +21,13 @@ from mori_core.ops.launch_config import (
 )
 
 PUSH, PULL, COPY_PULL = COMBINE_MODES["push"], COMBINE_MODES["pull"], COMBINE_MODES["copy_pull"]
+PULL_OR_PUSH = COMBINE_MODES["pull_or_push"]
 
 
 def test_combine_mode_auto_forced_and_table() -> None:
-    # auto: FP8 always pushes (the pull kernel quantises, then reads: two passes); BF16 follows the call
-    assert combine_mode(True, 0) == PUSH and combine_mode(False, 0) == PULL
+    # auto: FP8 always pushes (the pull kernel quantises, then reads: two passes); BF16 follows the
+    # call, a pull call's small rounds pushing (decided on the device)
+    assert combine_mode(True, 0) == PUSH and combine_mode(False, 0) == PULL_OR_PUSH
     for quant in (1, 2):
         assert combine_mode(True, quant) == PUSH and combine_mode(False, quant) == PUSH
     # forced: a push call on the pull kernel copies its rows into the registered buffer first
@@ -33,6 +35,7 @@ def test_combine_mode_auto_forced_and_table() -> None:
     assert combine_mode(False, 0, "push") == PUSH
     assert combine_table_kernel(PUSH) == "combine_push"
     assert combine_table_kernel(PULL) == combine_table_kernel(COPY_PULL) == "combine_pull"
+    assert combine_table_kernel(PULL_OR_PUSH) == "combine_pull"  # the pull call's grid, either algorithm
     assert LaunchParams(80, 8) == LaunchParams(80, 8, -1)  # mode defaults to "not a combine"
 
 
@@ -113,7 +116,7 @@ def test_plot_writes_a_png(tmp_path) -> None:
 
 
 def _timing(us: float) -> dict:
-    return dict(eager_us=us, eager_mean_us=us, host_us=5.0, us=us, graph_us=None)
+    return dict(eager_us=us, eager_mean_us=us, host_us=5.0, loop_us=us + 1.0, us=us, graph_us=None)
 
 
 def _rank_rows(rank: int) -> list[dict]:
@@ -141,6 +144,9 @@ def _rank_rows(rank: int) -> list[dict]:
             rows.append(dict(t, lib="deepep", kernel=kernel, sms=sms, chunk=8, mean_us=40.0 + rank))
             rows.append(dict(t, lib="ours", kernel="combine (default call)" if kernel == "combine" else kernel,
                              sms=sms, mean_us=30.0))
+    rows += [dict(table="deepep_kernels", tokens=n, call=c, ours_us=10.0 + rank, ours_kernels="ours x1",
+                  deepep_us=30.0, deepep_kernels="notify x1; combine x1", sms=24, chunk=8)
+             for c in ("combine (default call)", "combine push")]
     rows += [dict(t, lib="deepep", kernel="dispatch bf16 (with top-k)", sms=24, chunk=8, mean_us=50.0),
              dict(table="deepep_check", tokens=n, what="combine output (bf16)", equal=True, max_abs_diff=0.0),
              dict(table="tune", tokens=n, kernel="combine bf16", call="push", algo="push", blocks=32, warps=4,
@@ -173,6 +179,10 @@ def test_ep_report_tables_targets_and_plot(monkeypatch: pytest.MonkeyPatch, caps
     assert ["128", "dispatch_standard_moe / 2-D dispatch", "1.20x", "<= 1.3x", "yes"] in cells
     assert ["128", "dispatch_standard_moe [MORI_EP_STD_FUSED=0] / 2-D dispatch", "2.00x", "<= 1.3x", "no"] in cells
     assert ["128", "combine output (bf16)", "yes", "0"] in cells
+    # kernels alone: ours 10.5 us (mean over ranks) against DeepEP's 30
+    assert ["128", "combine push", "10.5", "30.0", "2.86x", "24", "8", "ours x1", "notify x1; combine x1"] in cells
+    # the host loop column (eager 20 us, loop 21 us: host-bound)
+    assert any(c[:2] == ["dispatch", "-"] and "21.0" in c for c in cells)
     assert ["combine bf16 (overlap)", "push", "push", "128", "132x16", "-", "1", "-1", "22.0", "5.00"] in cells
     try:
         import matplotlib  # noqa: F401

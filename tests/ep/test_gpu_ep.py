@@ -40,6 +40,7 @@ REDUCE = "MORI_EP_PUSH_REDUCE_BLOCKS"  # staged push: blocks that only reduce
 ALGO = "MORI_EP_COMBINE_ALGO"  # the combine kernel a call runs (push / pull)
 OVERLAP = "MORI_EP_PUSH_OVERLAP"  # overlapped push: 0 / 1 / auto (large rounds)
 OVERLAP_REDUCE = "MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS"  # overlapped push: blocks that only reduce
+PULL_PUSH = "MORI_EP_PULL_PUSH_TOKENS"  # pull calls: rounds with at most this many tokens per source push
 ROUNDS = int(os.environ.get("MORI_TEST_ROUNDS", "1000"))  # back-to-back rounds (tools/gpu sections lower it)
 
 
@@ -380,6 +381,12 @@ def _suite(rank: int, world: int) -> None:
         (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, False, {ALGO: "pull"}),
         (4096, torch.float32, 0, torch.float32, True, True, {ALGO: "pull"}),
         (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, True, {ALGO: "push", STAGE: "64"}),
+        # pull calls: the pull kernel by name (every round pulls; by default these small rounds
+        # push, as the pull cases above do), and a threshold under the largest source (192 tokens)
+        # so every round pulls, ranks under it in the kernel that could push, the others not
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, True, {ALGO: "pull"}),
+        (4096, torch.float32, 0, torch.float32, False, False, {ALGO: "pull"}),
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, False, {PULL_PUSH: "100"}),
     ]
     max_tok = 192
     for ci, (hidden, dtype, scale_dim, comb_dtype, push, in_place, env) in enumerate(cases):
@@ -440,6 +447,9 @@ def _suite(rank: int, world: int) -> None:
         dist.barrier()
 
     _back_to_back(rank, world, dev, rounds=ROUNDS, push=False)
+    # pull calls whose rounds alternate at random between pushing (every source <= 64 tokens) and
+    # pulling, in one op, back to back
+    _back_to_back(rank, world, dev, rounds=ROUNDS, push=False, env={PULL_PUSH: "64"})
     _back_to_back(rank, world, dev, rounds=ROUNDS, push=True, env={STAGE: "32"})
     _back_to_back(rank, world, dev, rounds=ROUNDS, push=True, env={OVERLAP: "1"})
 
@@ -497,6 +507,7 @@ def _rounds_only(rank: int, world: int, rounds: int) -> None:
     dev = rank_device(rank, world)
     for push in (False, True):
         _back_to_back(rank, world, dev, rounds=rounds, push=push)
+    _back_to_back(rank, world, dev, rounds=rounds, push=False, env={PULL_PUSH: "64"})
     _back_to_back(rank, world, dev, rounds=rounds, push=True, env={STAGE: "32"})
     _back_to_back(rank, world, dev, rounds=rounds, push=True, env={OVERLAP: "1"})
     import mori_core.shmem as shmem

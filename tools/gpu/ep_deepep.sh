@@ -13,7 +13,8 @@
 #   tests4   both files at EP4 on all four GPUs (the two test processes share the GPUs)
 #   ceiling  tools/gpu/nvlink_ceiling.py: copy-engine all-to-all and one-pair GB/s (the ceiling)
 #   bench4   `bench ep` at EP4 with DeepEP, FP8 combine, standard MoE, plot, and a small launch
-#            sweep at 4096 tokens (--tune); first, since the issue's main targets are EP4's
+#            sweep at 4096 tokens (--tune; EP_BENCH4_EXTRA replaces those options, "" drops the
+#            sweep; EP_BENCH4_LIMIT seconds, default 75); first, since the issue's main targets are EP4's
 #   bench2   the same at EP2 (GPUs 0,1; no sweep); if it fails, once more without DeepEP (our
 #            rows and the NCCL baseline) when the budget allows
 #   ab_std   dispatch_standard_moe's paths in one run (MORI_EP_STD_FUSED 1 = default, 0, 2) at EP4,
@@ -89,7 +90,7 @@ for s in $STAGES; do
       fi ;;
     bench4)
       [ -z "${DEEPEP_PATH+x}" ] && wait_deepep 30
-      run bench4 75 "$(bench_cmd 4 bench4 --deepep --tune --tune-tokens 4096)" ;;
+      run bench4 "${EP_BENCH4_LIMIT:-75}" "$(bench_cmd 4 bench4 --deepep ${EP_BENCH4_EXTRA---tune --tune-tokens 4096})" ;;
     fault)
       [ -z "${DEEPEP_PATH+x}" ] && wait_deepep 240
       FAULT_RUNS=${EP_FAULT_RUNS:-4}

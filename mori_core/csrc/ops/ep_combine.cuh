@@ -19,7 +19,10 @@
 //   "all pushed" signal before it exits (see PushCombine).
 // Pull (kCombinePull, zero-copy): the expert outputs already sit in this rank's
 //   registered buffer; one barrier; each rank reads the rows of its tokens straight
-//   from the destination ranks' registered buffers over NVLink.
+//   from the destination ranks' registered buffers over NVLink. Pull-or-push
+//   (kCombinePullOrPush, what a pull call gets): the same, except that a small round
+//   (every source dispatched at most pull_push_tokens tokens) pushes the registered
+//   rows, as the push kernel would (kSmallPush).
 // Copy-pull (kCombineCopyPull): the caller's rows are first copied into the
 //   registered buffer (a local copy), then as pull.
 // FP8 transport (quant_type, bf16 rows only; ep_quant.cuh): every row the combine
@@ -97,13 +100,15 @@ __device__ __forceinline__ void QuantizeRow(const int4* src, uint8_t* dst_row, i
       const int v = v0 + lane + u * kWarpSize;
       if (v < v1) x[u] = LoadStream(src + v);
     }
+    float sc[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int v = v0 + lane + u * kWarpSize;
       float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (v < v1) VT::Unpack(x[u], f);
-      Fp8QuantStore<kQuant>(f, v < v1, dst_row, row_bytes, v);
+      sc[u] = Fp8QuantStore<kQuant>(f, v < v1, dst_row, row_bytes, v);
     }
+    Fp8StoreScales<kQuant>(sc, dst_row, row_bytes, v0, v1, lane);
   }
 }
 
@@ -568,10 +573,13 @@ __device__ __forceinline__ void PullCombine(const EpKernelArgs& a, const Combine
   MORI_PROF_END(a, kProfCombineReduce, round);
 }
 
-template <typename Tag, int kWorld, bool kPush, int kQuant, bool kStd, bool kOverlap>
+// kSmallPush (pull kernel, BF16/fp32 rows): a small round pushes instead (CombineParams::
+// pull_push_tokens). A kernel of its own, so that the pure pull kernel's registers stay as they were.
+template <typename Tag, int kWorld, bool kPush, int kQuant, bool kStd, bool kOverlap, bool kSmallPush = false>
 __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs a, CombineParams p) {
   static_assert(!kStd || kPush, "the standard-MoE combine pushes");
   static_assert(!kOverlap || kPush, "only the push combine overlaps");
+  static_assert(!kSmallPush || (!kPush && kQuant == kQuantNone), "only the plain pull kernel pushes small rounds");
   static_assert(kQuant == kQuantNone || std::is_same<Tag, Bf16Tag>::value, "FP8 combine carries bf16 rows");
   // Own rows go through local staging too (push): summed from 3-D rows (standard MoE) or quantised,
   // or copied when they (or their weights) lie in this rank's dispatch outputs (p.stage_own).
@@ -604,19 +612,32 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
     if (blockIdx.x == 0 && threadIdx.x == 0) ReportError(a, kErrCombineWeightRows, kPhaseCombine, -1, total, p.weight_rows);
     use_w = false;
   }
+  // Staged when some source has more tokens than one chunk; every rank decides alike (each has
+  // every source's token count from the dispatch). So does a pull call on a small round.
+  const int32_t* ntok = a.buf.peer_tokens + (st->dispatch_epoch & 1) * kMaxWorld;
+  int stages = 1, tokens = 0, most = 0;
+  for (int s = 0; s < g.world; ++s) {
+    stages = max(stages, PushStages(ntok[s], p.stage_tokens));
+    tokens += ntok[s];
+    most = max(most, ntok[s]);
+  }
   if constexpr (kPush) {
-    // Staged when some source has more tokens than one chunk; every rank decides alike (each has
-    // every source's token count from the dispatch).
-    const int32_t* ntok = a.buf.peer_tokens + (st->dispatch_epoch & 1) * kMaxWorld;
-    int stages = 1, tokens = 0;
-    for (int s = 0; s < g.world; ++s) {
-      stages = max(stages, PushStages(ntok[s], p.stage_tokens));
-      tokens += ntok[s];
-    }
     const bool overlap = stages == 1 && p.overlap_tokens >= 0 && tokens >= p.overlap_tokens;
     PushCombine<Tag, kWorld, kQuant, kStd, kOverlap>(a, p, round, stages, overlap, ntok, total, rows_ok, staged,
                                                      use_w, &s_flag);
   } else {
+    if constexpr (kSmallPush) {
+      // A small round of a pull call pushes the registered rows instead: the pull's barrier and
+      // remote reads are two NVLink round trips where pushed stores need one, which is most of a
+      // small round's time (EP4 x 128 tokens: 32 us pushed, 37-38 pulled; the pull kernel leads
+      // from 512 tokens). Unstaged rounds only.
+      // (The host points p.input at the registered rows for these calls.)
+      if (stages == 1 && most <= p.pull_push_tokens) {
+        PushCombine<Tag, kWorld, kQuant, kStd, false>(a, p, round, 1, false, ntok, total, rows_ok, staged, use_w,
+                                                      &s_flag);
+        return;
+      }
+    }
     PullCombine<Tag, kWorld, kQuant>(a, p, round, total, rows_ok, use_w, &s_flag);
   }
 }
@@ -625,17 +646,37 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
 // kernel when CombineParams::overlap_kernel says so.
 template <typename Tag, int kQuant, bool kStd>
 struct CombineVariant {
-  template <int kWorld, bool kPush, bool kOverlap>
+  template <int kWorld, bool kPush, bool kOverlap, bool kSmallPush = false>
   static void Launch(const EpKernelArgs& args, const CombineParams& params, int blocks, int threads,
                      gpuStream_t stream) {
-    CombineKernel<Tag, kWorld, kPush, kQuant, kStd, kOverlap><<<blocks, threads, 0, stream>>>(args, params);
+    CombineKernel<Tag, kWorld, kPush, kQuant, kStd, kOverlap, kSmallPush><<<blocks, threads, 0, stream>>>(args, params);
   }
-  template <int kWorld, bool kPush, bool kOverlap>
+  template <int kWorld, bool kPush, bool kOverlap, bool kSmallPush = false>
   static int BlocksPerSm(int threads) {
     int n = 0;
     MORI_GPU_CHECK(gpuOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, CombineKernel<Tag, kWorld, kPush, kQuant, kStd, kOverlap>, threads, 0));
+        &n, CombineKernel<Tag, kWorld, kPush, kQuant, kStd, kOverlap, kSmallPush>, threads, 0));
     return n;
+  }
+  // The pull kernels: plain, or pushing small rounds (pull_push_tokens > 0; BF16/fp32 rows only).
+  // A rank with more tokens than pull_push_tokens knows that its round is not small, so it runs the
+  // plain kernel: the same algorithm as its peers' (they decide from every source's count), and
+  // the plain kernel's registers (the other spills more: EP4 76 bytes against 32).
+  static constexpr bool kHasSmallPush = kQuant == kQuantNone && !kStd;
+  template <int kWorld>
+  static void LaunchPull(const EpKernelArgs& args, const CombineParams& params, int blocks, int threads,
+                         gpuStream_t stream) {
+    if constexpr (kHasSmallPush) {
+      if (params.pull_push_tokens > 0 && params.num_tokens <= params.pull_push_tokens && !params.copy_input)
+        return Launch<kWorld, false, false, true>(args, params, blocks, threads, stream);
+    }
+    Launch<kWorld, false, false>(args, params, blocks, threads, stream);
+  }
+  template <int kWorld>
+  static int BlocksPerSmPull(int threads) {
+    if constexpr (kHasSmallPush)
+      return std::min(BlocksPerSm<kWorld, false, false>(threads), BlocksPerSm<kWorld, false, false, true>(threads));
+    return BlocksPerSm<kWorld, false, false>(threads);
   }
   template <int kWorld>
   static void LaunchPush(const EpKernelArgs& args, const CombineParams& params, int blocks, int threads,
@@ -656,7 +697,7 @@ struct CombineVariant {
       LaunchPush<kWorld>(args, params, blocks, threads, stream);
     } else {
       push ? LaunchPush<kWorld>(args, params, blocks, threads, stream)
-           : Launch<kWorld, false, false>(args, params, blocks, threads, stream);
+           : LaunchPull<kWorld>(args, params, blocks, threads, stream);
     }
   }
   template <int kWorld>
@@ -664,7 +705,7 @@ struct CombineVariant {
     if constexpr (kStd) {
       return BlocksPerSmPush<kWorld>(threads);
     } else {
-      return push ? BlocksPerSmPush<kWorld>(threads) : BlocksPerSm<kWorld, false, false>(threads);
+      return push ? BlocksPerSmPush<kWorld>(threads) : BlocksPerSmPull<kWorld>(threads);
     }
   }
   static void LaunchFor(const EpKernelArgs& args, const CombineParams& params, bool push, int blocks, int threads,

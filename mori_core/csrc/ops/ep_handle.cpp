@@ -149,6 +149,7 @@ EpHandle::EpHandle(const EpHandleConfig& c) : EpHandleBase(c, kMaxWorld, KernelW
     std_mode_ = kStdPlanned;
   push_overlap_tokens_ = EnvOverlapTokens();
   push_overlap_reduce_blocks_ = EnvInt("MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS", 0, -1, 1 << 20);
+  pull_push_tokens_ = EnvInt("MORI_EP_PULL_PUSH_TOKENS", kDefaultPullPushTokens, 0, 1 << 30);
   g.tpe = c.world_size * c.max_num_inp_token_per_rank;
   g.tok_words = TokenWords(c);
 #if MORI_ENABLE_PROFILER
@@ -252,9 +253,10 @@ int EpHandle::CombineGrid(int dtype, bool push, bool standard_moe, int warps, in
 void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_rows, uintptr_t weights, int weight_rows,
                        uintptr_t indices, int num_tokens, int mode, int blocks, int warps, uintptr_t stream) {
   const int row_bytes = CheckedCombineRowBytes(dtype, hidden_dim, num_tokens, indices, blocks, warps);
-  EP_CHECK_ARG(mode == kCombinePull || mode == kCombinePush || mode == kCombineCopyPull,
-               "combine mode must be 0 (pull), 1 (push) or 2 (copy, then pull), got " + std::to_string(mode));
-  const bool push = mode == kCombinePush, reads_input = mode != kCombinePull;
+  EP_CHECK_ARG(mode >= kCombinePull && mode <= kCombinePullOrPush,
+               "combine mode must be 0 (pull), 1 (push), 2 (copy, then pull) or 3 (pull, push when small), got " +
+                   std::to_string(mode));
+  const bool push = mode == kCombinePush, reads_input = mode == kCombinePush || mode == kCombineCopyPull;
   EP_CHECK_ARG(!reads_input || input % 16 == 0, "input must be 16-byte aligned");
   blocks = CombineGrid(dtype, push, false, warps, blocks);
   CombineParams p{};
@@ -279,6 +281,10 @@ void EpHandle::Combine(uintptr_t input, int dtype, int hidden_dim, int input_row
   p.check_input_rows = reads_input ? 1 : 0;
   p.quant = combine_quant_;
   p.copy_input = mode == kCombineCopyPull ? 1 : 0;
+  p.pull_push_tokens = mode == kCombinePullOrPush ? pull_push_tokens_ : 0;
+  // A pull call's rows are in the registered buffer, whatever `input` is (dtype and size only);
+  // the small rounds that push read them there.
+  if (mode == kCombinePullOrPush) p.input = args_.buf.combine_inp;
   SetPushStaging(p, blocks);
   DeviceGuard guard(device_);
   LaunchCombine(args_, p, dtype == 0 ? CombineDtype::kBf16 : CombineDtype::kFp32, push, blocks, warps,

@@ -38,6 +38,11 @@ constexpr int kDefaultPushStageTokens = 0;
 // kernel (1.5-2x ahead of DeepEP there); at EP4 x 4096 its separate reduce pass (~120 of ~590 us)
 // is what the overlap hides behind the transfer.
 constexpr int kDefaultPushOverlapTokens = 8192;
+// A pull call whose round is small (every source dispatched at most this many tokens) runs the
+// push algorithm on the registered rows (MORI_EP_PULL_PUSH_TOKENS overrides it per op; 0 = never).
+// 4xH100, kernel alone (CUDA graph), EP4: 128 tokens 32.2 us pushed against 36.8-38.0 pulled;
+// 512 tokens 87.8 against 82.1-83.4 (docs/ep.md, issue #31 round 7). EP2: even at 128 tokens.
+constexpr int kDefaultPullPushTokens = 256;
 // Warps per block of the standard-MoE expand kernel.
 constexpr int kStdExpandWarps = 8;
 
@@ -125,6 +130,7 @@ class EpHandle : public EpHandleBase {
   std::map<int, int> std_grid_cap_;  // warps -> co-resident blocks of the one-launch dispatch
   int push_overlap_tokens_ = kDefaultPushOverlapTokens;  // -1: never overlapped
   int push_overlap_reduce_blocks_ = 0;
+  int pull_push_tokens_ = kDefaultPullPushTokens;  // 0: pull calls always pull
   uint8_t* std_block_ = nullptr;  // standard-MoE buffers (allocated on first use)
   uint64_t std_offset_ = 0;
   uint64_t std_bytes_ = 0;

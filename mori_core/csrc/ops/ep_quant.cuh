@@ -60,18 +60,28 @@ __device__ __forceinline__ void DecodeE4m3x2(uint32_t two, float& lo, float& hi)
 }
 
 // max that keeps NaN (like torch.amax), so a NaN block scales exactly as the reference does.
-__device__ __forceinline__ float NanMax(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+// sm_80 and newer have it as one instruction (max.NaN gives the canonical NaN, as the fallback).
+__device__ __forceinline__ float NanMax(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+#else
+  return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+#endif
+}
 
 __device__ __forceinline__ const float* Fp8RowScales(const uint8_t* row, int row_bytes) {
   return reinterpret_cast<const float*>(row + row_bytes / 2);
 }
 
-// Quantises the 8 values of vector v and stores them (and the block scale) into `row`.
-// Every lane of the warp must call it together (blockwise: a 16-lane max); lanes whose
-// vector is past the row pass active = false. Vector indices must be 16-aligned per
-// 16-lane group (the callers' row splits are multiples of 16 vectors).
+// Quantises the 8 values of vector v and stores them into `row`; returns the block scale
+// (blockwise; 1 for direct cast), which the caller stores with Fp8StoreScales. Every lane of the
+// warp must call it together (blockwise: a 16-lane max); lanes whose vector is past the row pass
+// active = false. Vector indices must be 16-aligned per 16-lane group (the callers' row splits
+// are multiples of 16 vectors).
 template <int kQuant>
-__device__ __forceinline__ void Fp8QuantStore(const float (&f)[8], bool active, uint8_t* row, int row_bytes, int v) {
+__device__ __forceinline__ float Fp8QuantStore(const float (&f)[8], bool active, uint8_t* row, int row_bytes, int v) {
   float scale = 1.f, inv = 1.f;
   if (kQuant == kQuantFp8Block) {
     float m = 0.f;
@@ -84,15 +94,36 @@ __device__ __forceinline__ void Fp8QuantStore(const float (&f)[8], bool active, 
     scale = m > 0.f ? m / fp8::kE4m3Max : 1.f;
     inv = 1.f / scale;
   }
-  if (!active) return;
+  if (!active) return scale;
   float g[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) g[j] = kQuant == kQuantFp8Block ? f[j] * inv : f[j];
   const uint32_t lo = EncodeE4m3x2(g[0], g[1]) | (EncodeE4m3x2(g[2], g[3]) << 16);
   const uint32_t hi = EncodeE4m3x2(g[4], g[5]) | (EncodeE4m3x2(g[6], g[7]) << 16);
   Store8(reinterpret_cast<uint2*>(row) + v, make_uint2(lo, hi));
-  if (kQuant == kQuantFp8Block && (v % kFp8BlockVecs) == 0)
-    reinterpret_cast<float*>(row + row_bytes / 2)[v / kFp8BlockVecs] = scale;
+  return scale;
+}
+
+// Stores the block scales of one pass of a warp over vectors [v0, v0 + kWarpSize * kU) of a row
+// (v0 16-aligned; sc[u] = Fp8QuantStore's return for the lane's vector v0 + lane + u * kWarpSize;
+// blocks at or past v1 are skipped) with one store: lane j writes block j's scale. One store per
+// block (the first lane of each 16) put a 4-byte write beside every 128 bytes of e4m3 values, and
+// the rows are mostly written into a peer's memory, where each write is a packet of its own.
+template <int kQuant, int kU>
+__device__ __forceinline__ void Fp8StoreScales(const float (&sc)[kU], uint8_t* row, int row_bytes, int v0, int v1,
+                                               int lane) {
+  if constexpr (kQuant == kQuantFp8Block) {
+    constexpr int kGroups = kWarpSize / kFp8BlockVecs;  // blocks per vector index u of a pass
+    static_assert(kGroups * kU <= kWarpSize, "one lane per block of a pass");
+    float mine = 0.f;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {  // block j = u * kGroups + h sits in lane h * 16 of sc[u]
+      const float s = ShflIdxF(sc[u], (lane % kGroups) * kFp8BlockVecs);
+      if (lane / kGroups == u) mine = s;
+    }
+    if (lane < kGroups * kU && v0 + lane * kFp8BlockVecs < v1)
+      reinterpret_cast<float*>(row + row_bytes / 2)[v0 / kFp8BlockVecs + lane] = mine;
+  }
 }
 
 // acc += dequantised 8 values of an e4m3 vector (blockwise: times the block scale).

@@ -264,17 +264,21 @@ __device__ __forceinline__ void StdReduceRow(const EpKernelArgs& a, const uint8_
       for (int u = 0; u < kQuantUnroll; ++u)
         if (v0 + lane + u * kWarpSize < v1) VT::AccumulateScaled(acc[u], x[u], w);
     }
+    [[maybe_unused]] float sc[kQuantUnroll];
 #pragma unroll
     for (int u = 0; u < kQuantUnroll; ++u) {
       const int v = v0 + lane + u * kWarpSize;
       if constexpr (kQuant != kQuantNone) {
         if (quantise) {  // uniform: one destination per row
           VT::Round(acc[u]);
-          Fp8QuantStore<kQuant>(acc[u], v < v1, dst_row, row_bytes, v);
+          sc[u] = Fp8QuantStore<kQuant>(acc[u], v < v1, dst_row, row_bytes, v);
           continue;
         }
       }
       if (v < v1) Store16(reinterpret_cast<int4*>(dst_row) + v, VT::Pack(acc[u]));
+    }
+    if constexpr (kQuant != kQuantNone) {
+      if (quantise) Fp8StoreScales<kQuant>(sc, dst_row, row_bytes, v0, v1, lane);
     }
   }
 }

@@ -40,6 +40,9 @@ enum EpCombineMode : int32_t {
   kCombinePull = 0,      // sources read this rank's registered rows (zero-copy)
   kCombinePush = 1,      // this rank writes every row into its source's staging buffer
   kCombineCopyPull = 2,  // the caller's rows are copied into the registered buffer, then pull
+  // Pull, except that a round whose every source dispatched at most pull_push_tokens tokens
+  // runs the push algorithm on the registered rows (one launch; decided on the device).
+  kCombinePullOrPush = 3,
 };
 // How a dispatch ranks rows for the standard-MoE layout (DispatchParams::standard_moe).
 enum EpStdMode : int32_t {
@@ -217,6 +220,9 @@ struct CombineParams {
   int32_t overlap_tokens;
   int32_t overlap_reduce_blocks;
   int32_t overlap_kernel;
+  // Pull kernel (kCombinePullOrPush): rounds whose every source dispatched at most this many
+  // tokens push instead (0: never). Every rank decides alike: each holds every source's count.
+  int32_t pull_push_tokens;
 };
 
 }  // namespace mori::ep

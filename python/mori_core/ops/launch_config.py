@@ -16,8 +16,10 @@ from typing import Optional
 
 LAUNCH_MODE_ENV = "MORI_EP_LAUNCH_CONFIG_MODE"
 COMBINE_ALGO_ENV = "MORI_EP_COMBINE_ALGO"
-# The IntraNode combine kernels (EpCombineMode in ops/ep_types.hpp).
-COMBINE_MODES = {"pull": 0, "push": 1, "copy_pull": 2}
+# The IntraNode combine kernels (EpCombineMode in ops/ep_types.hpp). "pull_or_push": the pull
+# kernel, except that a round whose every source dispatched at most MORI_EP_PULL_PUSH_TOKENS
+# tokens (default 256) pushes the registered rows (decided on the device, alike on every rank).
+COMBINE_MODES = {"pull": 0, "push": 1, "copy_pull": 2, "pull_or_push": 3}
 
 
 @dataclass(frozen=True)
@@ -163,11 +165,12 @@ def combine_mode(push_call: bool, quant: int, algo: str = "auto") -> int:
 
     * FP8 combine (``quant`` != 0): push. The pull kernel quantises every row into local staging
       before its barrier and only then can the peers read: two passes, one after the other.
-    * otherwise push calls push and pull calls pull (no extra pass over the rows). Measured on
-      4xH100 (EP4, round 1 of issue #31, docs/ep.md): for a push call the push kernel beat
-      copy-pull at every size (128 / 512 / 4096 tokens: 33.6 / 87.7 / 609 us against
-      - / 104 / 683 us); for a pull call the pull kernel beat the push kernel from 512 tokens
-      (80 / 505 us against 88 / 627 us) and trailed it by 4 us at 128.
+    * otherwise push calls push, and pull calls pull but push small rounds (``pull_or_push``: no
+      extra pass over the rows either way). Measured on 4xH100 (EP4, round 1 of issue #31,
+      docs/ep.md): for a push call the push kernel beat copy-pull at every size (128 / 512 / 4096
+      tokens: 33.6 / 87.7 / 609 us against - / 104 / 683 us); for a pull call the pull kernel beat
+      the push kernel from 512 tokens (80 / 505 us against 88 / 627 us) and trailed it by 4 us at
+      128 (round 7, kernel alone: 36.8-38.0 against 32.2 us), hence the push for small rounds.
 
     The choice depends only on values every rank shares (never on this rank's token count): all
     ranks must run the same kernel, or their barriers would never meet.
@@ -178,7 +181,7 @@ def combine_mode(push_call: bool, quant: int, algo: str = "auto") -> int:
         return COMBINE_MODES["copy_pull"] if push_call else COMBINE_MODES["pull"]
     if quant != 0 or push_call:
         return COMBINE_MODES["push"]
-    return COMBINE_MODES["pull"]
+    return COMBINE_MODES["pull_or_push"]
 
 
 def combine_table_kernel(mode: int) -> str:

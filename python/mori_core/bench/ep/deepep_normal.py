@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from mori_core.bench.ep.measure import bench_like_deepep, progress
+from mori_core.bench.ep.measure import bench_like_deepep, kernel_breakdown, progress
 
 DEFAULT_SMS = "24,48,96,132"
 DEFAULT_DISPATCH_CHUNKS = "4,6,8,12,16,24,32"
@@ -56,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(a snapshot before, a comparison after; ranks synchronised around each call)")
     p.add_argument("--deepep-topk-first", action="store_true",
                    help="time DeepEP's full dispatch (with top-k) before the SM-for-SM stage instead of after it")
+    p.add_argument("--deepep-kernel-tokens", type=int, default=512,
+                   help="up to this many tokens per rank, also the device time per call of both libraries' kernels "
+                        "(torch profiler, DeepEP's bench_kineto method): what eager calls cost without the host")
+    p.add_argument("--deepep-kernel-calls", type=int, default=20, help="profiled calls per kernel-time measurement")
 
 
 def available() -> tuple[bool, str]:
@@ -272,6 +276,8 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
     op.check_error()
     if not args.deepep_topk_first:
         full_dispatches()
+    if n <= args.deepep_kernel_tokens:
+        rows += _kernel_times(dp, ours, data, y_dp, dispatch_kinds, combine_kinds, best, state, n, args, rank)
     # ---- the combined rows of both libraries, same expert on both sides
     progress(rank, f"{n} tokens: DeepEP checks")
     sms = dp.sms[0]
@@ -283,6 +289,42 @@ def compare(dp: DeepEpNormal, op: Any, n: int, data: dict, args: argparse.Namesp
     op.check_error()
     sync()
     return rows
+
+
+def _kernel_times(dp: DeepEpNormal, ours: Callable[[str], Callable[[], Any]], data: dict, y_dp: Any,
+                  dispatch_kinds: list[str], combine_kinds: list[str], best: dict, state: dict, n: int,
+                  args: argparse.Namespace, rank: int) -> list[dict]:
+    """Device time per call of every kernel a call launches (``measure.kernel_breakdown``: the
+    torch profiler, DeepEP's own tests' kernel timer), ours and DeepEP's at its agreed best SM count
+    and chunk (collective). At small batches an eager call can cost the host more than its kernels
+    take; these rows show the kernels alone, each library's on the same data."""
+    out = []
+    calls = max(2, args.deepep_kernel_calls)
+
+    def device_us(fn: Callable[[], Any]) -> tuple[float, str]:
+        parts = kernel_breakdown(fn, calls)
+        total = sum(us * per_call for us, per_call in parts.values())
+        return total, "; ".join(f"{k.split('(')[0][-40:]} x{per_call:g}" for k, (_, per_call) in parts.items())
+
+    x8, s8 = data.get("x8"), data.get("s8")
+    for name in dispatch_kinds + ["combine"]:
+        sms = min(dp.sms, key=lambda s: best[(name, s)][0])
+        handle, recv_w, _ = state[sms]
+        cfg_c = dp.config(sms, best[(name, sms)][1])
+        if name == "combine":
+            theirs = lambda: dp.buffer.combine(y_dp, handle, topk_weights=recv_w, config=cfg_c)  # noqa: E731
+            mine = combine_kinds
+        else:
+            xin = data["x"] if name == "dispatch bf16" else (x8, s8)
+            theirs = lambda: dp.buffer.dispatch(xin, handle=handle, config=cfg_c)  # noqa: E731
+            mine = [name]
+        progress(rank, f"{n} tokens: kernel times, {name}")
+        dp_us, dp_kernels = device_us(theirs)
+        for m in mine:
+            us, kernels = device_us(ours(m))
+            out.append(dict(table="deepep_kernels", tokens=n, call=m, ours_us=us, ours_kernels=kernels,
+                            deepep_us=dp_us, deepep_kernels=dp_kernels, sms=sms, chunk=best[(name, sms)][1]))
+    return out
 
 
 def _agreed_best(sweep: dict[tuple[str, int, int], float], device: str = "cuda") -> dict[tuple[str, int], tuple[float, int]]:
@@ -363,8 +405,19 @@ def merged_rows(per_rank: dict[int, list[dict]], table: str) -> list[dict]:
         if table == "deepep_check":
             out.append(dict(row, equal=all(r["equal"] for r in rs), max_abs_diff=max(r["max_abs_diff"] for r in rs)))
         else:
-            out.append(dict(row, **{k: statistics.mean(r[k] for r in rs) for k in ("mean_us", "median_us", "host_us")}))
+            keys = ("mean_us", "median_us", "host_us") + (("loop_us",) if all("loop_us" in r for r in rs) else ())
+            out.append(dict(row, **{k: statistics.mean(r[k] for r in rs) for k in keys}))
     return out
+
+
+def merged_kernel_rows(per_rank: dict[int, list[dict]]) -> list[dict]:
+    """The kernel-time rows (``deepep_kernels``) merged over ranks: device times averaged."""
+    import statistics
+
+    ranks = sorted(per_rank)
+    per = {r: [x for x in per_rank[r] if x.get("table") == "deepep_kernels"] for r in ranks}
+    return [dict(row, **{k: statistics.mean(per[r][i][k] for r in ranks) for k in ("ours_us", "deepep_us")})
+            for i, row in enumerate(per[ranks[0]])]
 
 
 def ours_vs_best(rows: list[dict]) -> list[dict]:
@@ -397,14 +450,16 @@ def print_tables(per_rank: dict[int, list[dict]], title: str) -> list[dict]:
     print_table(
         title + ": ours vs DeepEP at its best (same processes, same data; DeepEP's bench(): L2 flushed, "
         "event pair per call, mean over ranks)",
-        ["tokens", "call", "ours mean us", "ours median us", "ours host us", "DeepEP SMs", "chunk", "DeepEP mean us",
-         "DeepEP host us", "DeepEP / ours", "DeepEP with top-k us"],
+        ["tokens", "call", "ours mean us", "ours median us", "ours host us", "ours loop us", "DeepEP SMs", "chunk",
+         "DeepEP mean us", "DeepEP host us", "DeepEP loop us", "DeepEP / ours", "DeepEP with top-k us"],
         [[b["tokens"], b["kernel"], b["ours"]["mean_us"], b["ours"]["median_us"], b["ours"]["host_us"],
-          b["deepep"]["sms"], b["deepep"]["chunk"], b["deepep"]["mean_us"], b["deepep"]["host_us"],
-          f"{b['ratio']:.2f}x", b["deepep_topk"]["mean_us"] if b["deepep_topk"] else "-"] for b in best],
+          b["ours"].get("loop_us", "-"), b["deepep"]["sms"], b["deepep"]["chunk"], b["deepep"]["mean_us"],
+          b["deepep"]["host_us"], b["deepep"].get("loop_us", "-"), f"{b['ratio']:.2f}x",
+          b["deepep_topk"]["mean_us"] if b["deepep_topk"] else "-"] for b in best],
         note="DeepEP dispatch = its cached dispatch (handle of a first dispatch: no layout kernel, no CPU sync; "
              "rows and scales only); 'with top-k' = its full dispatch with top-k ids and weights "
              "(num_worst_tokens, no CPU sync) at the same setting; ours always carries ids, weights and scales. "
+             "loop = host wall time per timed iteration (call + two event records; >= the latency: host-bound). "
              "Ratio > 1: ours is faster.")
     sm_rows = []
     for d in rows:
@@ -418,6 +473,15 @@ def print_tables(per_rank: dict[int, list[dict]], title: str) -> list[dict]:
                             f"{d['mean_us'] / o[0]['mean_us']:.2f}x"])
     print_table(title + ": SM for SM (ours with block_num = DeepEP's SM count)",
                 ["tokens", "call", "SMs", "DeepEP chunk", "DeepEP mean us", "ours mean us", "DeepEP / ours"], sm_rows)
+    kernels = merged_kernel_rows(per_rank)
+    if kernels:
+        print_table(title + ": device time per call, kernels alone (torch profiler; DeepEP at its agreed best setting)",
+                    ["tokens", "call", "ours us", "DeepEP us", "DeepEP / ours", "DeepEP SMs", "chunk", "ours kernels",
+                     "DeepEP kernels"],
+                    [[k["tokens"], k["call"], k["ours_us"], k["deepep_us"], f"{k['deepep_us'] / k['ours_us']:.2f}x",
+                      k["sms"], k["chunk"], k["ours_kernels"], k["deepep_kernels"]] for k in kernels],
+                    note="sum over the kernels a call launches of (mean device time x launches per call), mean over "
+                         "ranks; with the eager table above it shows how much of an eager call is host time")
     checks = merged_rows(per_rank, "deepep_check")
     print_table(title + ": same data, both libraries", ["tokens", "what", "equal on every rank", "max |diff|"],
                 [[c["tokens"], c["what"], "yes" if c["equal"] else "NO", c["max_abs_diff"]] for c in checks])

@@ -212,7 +212,7 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
     return rows
 
 
-KERNEL_NAMES = {0: "pull", 1: "push", 2: "copy-pull", -1: "-"}
+KERNEL_NAMES = {0: "pull", 1: "push", 2: "copy-pull", 3: "pull (small rounds push)", -1: "-"}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -234,7 +234,7 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
         title += (f"; eager = event pair around each of {args.eager_calls} back-to-back calls (first dropped), "
                   f"graph = replay of {args.ops_per_graph} ops, median of {args.iters}")
     headers = ["kernel", "mode", "dtype", "tokens", "recv/rank", "blocks x warps", "eager us (median)",
-               "eager us (mean)", "host us/call", "graph us", "GB/s (eager)", "GB/s (graph)"]
+               "eager us (mean)", "host us/call", "host loop us/iter", "graph us", "GB/s (eager)", "GB/s (graph)"]
     timed = not where.shared  # latency and bandwidth mean nothing when ranks share a GPU
     title += "" if timed else f"; host us/call = median of {args.eager_calls - 1} eager calls"
     if not timed:
@@ -247,11 +247,14 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
         row = [m["kernel"], m["mode"], m["dtype"], m["tokens"], round(m["recv"]), grid]
         if not timed:
             return row + [m["host_us"]]
-        return row + [m["eager_us"], m["eager_mean_us"], m["host_us"], graph, m["gbps_eager"], gbps_graph]
+        return row + [m["eager_us"], m["eager_mean_us"], m["host_us"], m.get("loop_us", "-"), graph, m["gbps_eager"],
+                      gbps_graph]
 
     note = timing_columns_note(where) or (
         "GB/s = received tokens (incl. local) x hidden x element size / time, mean over ranks; "
-        "times are means over ranks of per-rank medians; NCCL rows are eager only")
+        "times are means over ranks of per-rank medians; NCCL rows are eager only; host loop = the host's wall "
+        "time per timed iteration (call + two event records): where it is >= the eager latency, the GPU waited "
+        "for the host and eager measures the host")
     if args.sweep:
         print_table(title + " (sweep, all)", headers, [table_row(m) for m in merged])
         print_table(title + " (sweep, best per kernel)", headers, [table_row(m) for m in _best(merged)])
@@ -283,7 +286,7 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
     return 0
 
 
-SIDE_TABLES = ("deepep", "deepep_check", "tune")
+SIDE_TABLES = ("deepep", "deepep_check", "deepep_kernels", "tune")
 # Issue #31's targets: DeepEP's best time / ours, by (EP size, tokens per rank); 128 tokens: every EP size.
 DEEPEP_TARGETS = {(4, 4096): 1.3, (4, 512): 1.3, (2, 4096): 1.4}
 SMALL_BATCH_TARGET = (128, 1.6)

@@ -168,11 +168,13 @@ def dtype_inputs(x_bf16: Any, dname: str, scale_dim: int, device: Any) -> tuple[
 
 
 # ----------------------------------------------------------------------------- timers
-def time_eager(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], None]) -> tuple[float, float, float]:
+def time_eager(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], None],
+               stats: Optional[dict] = None) -> tuple[float, float, float]:
     """Eager per-call latency, DeepEP's method: calls back to back, an event pair around each.
 
     Returns ``(median us, mean us, host median us)`` over ``eager_calls - 1`` calls (the first
-    is dropped). Host time is ``perf_counter`` around the call itself, inside the event pair."""
+    is dropped). Host time is ``perf_counter`` around the call itself, inside the event pair.
+    ``stats`` (when given) gets ``loop_us``: see :func:`_loop_us`."""
     import torch
 
     n = max(2, args.eager_calls)
@@ -181,24 +183,35 @@ def time_eager(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[
     sync()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    host_ns = []
+    host_ns, marks = [], []
     for i in range(n):
+        marks.append(time.perf_counter_ns())
         starts[i].record()
         t0 = time.perf_counter_ns()
         fn()
         host_ns.append(time.perf_counter_ns() - t0)
         ends[i].record()
+    marks.append(time.perf_counter_ns())
     torch.cuda.synchronize()
     us = [s.elapsed_time(e) * 1000 for s, e in zip(starts, ends)][1:]
+    if stats is not None:
+        stats["loop_us"] = _loop_us(marks)
     return statistics.median(us), statistics.mean(us), statistics.median(host_ns[1:]) / 1000
+
+
+def _loop_us(marks: list[int]) -> float:
+    """Median host wall time of one timed-loop iteration (the call and its two event records),
+    the first iteration dropped. When it is at least the eager latency, the GPU waited for the
+    host between calls and the eager figure measures the host, not the kernel."""
+    return statistics.median(b - a for a, b in zip(marks[1:-1], marks[2:])) / 1000
 
 
 def bench_like_deepep(fn: Callable[[], Any], warmup: int = 50, tests: int = 50) -> dict:
     """DeepEP's ``tests/utils.py bench()`` method, for our calls and DeepEP's alike: the L2 cache
     flushed once (256 MB written) after ``warmup`` calls, then ``tests`` back-to-back calls with a
     CUDA event pair around each. Returns ``mean_us`` (DeepEP's figure), ``median_us`` and
-    ``min_us`` over all calls but the first, and ``host_us``: the median ``perf_counter`` time of
-    the call itself (the host's share)."""
+    ``min_us`` over all calls but the first, ``host_us``: the median ``perf_counter`` time of
+    the call itself (the host's share), and ``loop_us`` (:func:`_loop_us`)."""
     import torch
 
     torch.cuda.synchronize()
@@ -209,18 +222,20 @@ def bench_like_deepep(fn: Callable[[], Any], warmup: int = 50, tests: int = 50) 
     tests = max(2, tests)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(tests)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(tests)]
-    host_ns = []
+    host_ns, marks = [], []
     for i in range(tests):
+        marks.append(time.perf_counter_ns())
         starts[i].record()
         t0 = time.perf_counter_ns()
         fn()
         host_ns.append(time.perf_counter_ns() - t0)
         ends[i].record()
+    marks.append(time.perf_counter_ns())
     torch.cuda.synchronize()
     us = [s.elapsed_time(e) * 1000 for s, e in zip(starts, ends)][1:]
     del cache
     return dict(mean_us=statistics.mean(us), median_us=statistics.median(us), min_us=min(us),
-                host_us=statistics.median(host_ns[1:]) / 1000)
+                host_us=statistics.median(host_ns[1:]) / 1000, loop_us=_loop_us(marks))
 
 
 def kernel_breakdown(fn: Callable[[], Any], calls: int) -> dict[str, tuple[float, float]]:
@@ -293,10 +308,11 @@ def time_graph(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[
 def measure(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], None], **row: Any) -> dict:
     """One table row: eager (median, mean), host and graph times of ``fn`` (``us`` = graph, or
     eager without graphs)."""
-    eager, eager_mean, host = time_eager(fn, args, sync)
+    stats: dict = {}
+    eager, eager_mean, host = time_eager(fn, args, sync, stats)
     graph = time_graph(fn, args, sync)
-    return dict(row, eager_us=eager, eager_mean_us=eager_mean, host_us=host, us=graph if graph is not None else eager,
-                graph_us=graph)
+    return dict(row, eager_us=eager, eager_mean_us=eager_mean, host_us=host, loop_us=stats["loop_us"],
+                us=graph if graph is not None else eager, graph_us=graph)
 
 
 def host_idle(fn: Callable[[], Any], calls: int) -> float:
@@ -371,6 +387,8 @@ def merge_ranks(per_rank: dict[int, list[dict]]) -> list[dict]:
         gbps = statistics.mean(r["bytes"] / (r["us"] * 1e-6) / 1e9 for r in rs)
         gbps_eager = statistics.mean(r["bytes"] / (r["eager_us"] * 1e-6) / 1e9 for r in rs)
         merged = {k: statistics.mean(r[k] for r in rs) for k in ("us", "recv", "eager_us", "eager_mean_us", "host_us")}
+        if all("loop_us" in r for r in rs):
+            merged["loop_us"] = statistics.mean(r["loop_us"] for r in rs)
         graph = None if row["graph_us"] is None else statistics.mean(r["graph_us"] for r in rs)
         out.append({**row, **merged, "graph_us": graph, "gbps": gbps, "gbps_eager": gbps_eager})
     return out

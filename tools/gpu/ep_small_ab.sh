@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Small batches (issue #31, round 7): which combine kernel should serve each call, and whether the
+# eager figures are the kernel's or the host's.
+#
+#   bash tools/gpu_check.sh ep_small_ab          (or: bash tools/gpu/ep_small_ab.sh, suite installed)
+#
+# `bench ep` at 128 and 512 tokens (BF16), EP4 on all GPUs and EP2 on GPUs 0,1, once per
+# MORI_EP_COMBINE_ALGO value in turn (SMALL_AB_ROUNDS rounds):
+#   auto   what callers get (push call: push kernel; pull call: the op's choice)
+#   push   every call on the push kernel (a pull call reads the registered buffer)
+#   pull   every call on the pull kernel (a push call copies into the registered buffer first)
+# Each row has the eager latency (event pair per call, DeepEP's method), the host's time per call
+# and per loop iteration (when the loop is as long as the latency, the GPU waited for the host),
+# and the kernel alone (CUDA-graph replay). A table of the combine rows per variant comes last.
+# Every step is bounded; the whole section by SMALL_AB_BUDGET seconds.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+cd "$(dirname "$0")/../.."
+BUDGET=${SMALL_AB_BUDGET:-330}
+ROUNDS=${SMALL_AB_ROUNDS:-1}
+ALGOS=${SMALL_AB_ALGOS:-auto push pull}
+WORLDS=${SMALL_AB_WORLDS:-4 2}
+T0=$SECONDS
+SUMMARY="$OUT/ep_small_ab_summary.txt"
+: > "$SUMMARY"
+
+# shellcheck source=tools/gpu/lib/budget_steps.sh
+source tools/gpu/lib/budget_steps.sh
+
+BENCH="MORI_SHMEM_HEAP_SIZE=4G $PY -m mori_core.bench ep --tokens 128,512 --dtypes bf16 --auto --iters 20 --eager-calls 50 --no-nccl"
+for i in $(seq 1 "$ROUNDS"); do
+  for world in $WORLDS; do
+    gpus=""; [ "$world" = 2 ] && gpus="CUDA_VISIBLE_DEVICES=0,1"
+    for algo in $ALGOS; do
+      run "ep${world}_${algo}_$i" 60 "$gpus MORI_EP_COMBINE_ALGO=$algo $BENCH --world-size $world --json $OUT/small_ep${world}_${algo}_$i.json"
+    done
+  done
+done
+
+echo; echo "===== ep_small_ab ($(nvidia-smi -L 2>/dev/null | wc -l) GPU(s), $((SECONDS - T0)) s of $BUDGET s)"
+cat "$SUMMARY"
+$PY - "$OUT" <<'EOF'
+import glob, json, os, sys
+out = sys.argv[1]
+print("\n### Small batches: eager median / host loop per iteration / graph (kernel alone), us, mean over ranks")
+print("| EP | tokens | call | MORI_EP_COMBINE_ALGO | run | eager | host us/call | host loop | graph |")
+print("|---|---|---|---|---|---|---|---|---|")
+rows = []
+for path in sorted(glob.glob(os.path.join(out, "small_ep*_*_*.json"))):
+    world, algo, run = os.path.basename(path)[len("small_ep"):-len(".json")].split("_")
+    for r in json.load(open(path))["rows"]:
+        if r.get("ext") or not (r["kernel"].startswith("combine") or r["kernel"].startswith("dispatch")):
+            continue
+        rows.append((int(world), r["tokens"], f"{r['kernel']} {r['dtype']} {r.get('mode', '')}", algo, run, r))
+for world, tokens, call, algo, run, r in sorted(rows, key=lambda t: (-t[0], t[1], t[2], t[3], t[4])):
+    g = r.get("graph_us")
+    print(f"| {world} | {tokens} | {call} | {algo} | {run} | {r['eager_us']:.1f} | {r['host_us']:.1f} | "
+          f"{r.get('loop_us', float('nan')):.1f} | {'-' if g is None else f'{g:.1f}'} |")
+EOF
+! grep -qE "rc=[1-9]" "$SUMMARY"
