@@ -126,7 +126,8 @@ def _rank_rows(rank: int) -> list[dict]:
     rows = [dict(base, kernel="dispatch", dtype=d, mode="-", **_timing(20.0)) for d in ("fp8", "bf16")]
     rows += [dict(base, kernel="combine", dtype="bf16", mode=f"{c} call, push kernel", **_timing(25.0))
              for c in ("default", "push", "pull")]
-    rows += [dict(table="breakdown", part="op.dispatch (full Python call)", tokens=n, host_us=3.0)]
+    rows += [dict(table="breakdown", part="op.dispatch (full Python call)", tokens=n, host_us=3.0, loop_call_us=3.5,
+                  loop_us=20.0 + rank)]
     for kernel, us in (("combine bf16", 25.0), ("combine fp8_direct_cast", 15.0), ("combine fp8_blockwise", 16.0)):
         for mode in ("push", "pull"):
             rows.append(dict(base, kernel=kernel, dtype="bf16", mode=mode, ext="fp8", link_bytes=1e6, crossing=300,
@@ -181,6 +182,8 @@ def test_ep_report_tables_targets_and_plot(monkeypatch: pytest.MonkeyPatch, caps
     assert ["128", "combine output (bf16)", "yes", "0"] in cells
     # kernels alone: ours 10.5 us (mean over ranks) against DeepEP's 30
     assert ["128", "combine push", "10.5", "30.0", "2.86x", "24", "8", "ours x1", "notify x1; combine x1"] in cells
+    # the call inside the eager loop and the iteration around it (mean over ranks: 20.5 - 3.5)
+    assert ["op.dispatch (full Python call)", "3.00", "3.50", "20.5", "17.0"] in cells
     # the host loop column (eager 20 us, loop 21 us: host-bound)
     assert any(c[:2] == ["dispatch", "-"] and "21.0" in c for c in cells)
     assert ["combine bf16 (overlap)", "push", "push", "128", "132x16", "-", "1", "-1", "22.0", "5.00"] in cells

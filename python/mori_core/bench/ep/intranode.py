@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from mori_core.bench.ep import deepep_normal, extensions, tune, v2
 from mori_core.bench.ep.measure import (
-    DTYPES, dtype_inputs, host_idle, measure, merge_ranks, nccl_baseline, progress,
+    DTYPES, dtype_inputs, host_idle, host_in_timed_loop, measure, merge_ranks, nccl_baseline, progress,
     run_rank, timing_columns_note, token_inputs
 )
 from mori_core.placement import Placement, placement
@@ -49,7 +49,8 @@ SWEEP_WARPS = (4, 8, 16)
 def _host_breakdown(op: Any, x: Any, w: Any, idx: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
     """Where the host time of one BF16 dispatch and one combine call goes (GPU idle-waiting):
     the empty-kernel launch floor of this host, the native launch with its arguments already
-    extracted, and the full Python call."""
+    extracted, and the full Python call; and each of them inside the eager timer's loop (an event
+    pair per call, back to back): the call's own time there and the whole iteration's."""
     import torch
 
     from mori_core import _C
@@ -68,6 +69,7 @@ def _host_breakdown(op: Any, x: Any, w: Any, idx: Any, args: argparse.Namespace,
     xp, wp, ip, yp, owp = x.data_ptr(), w.data_ptr(), idx.data_ptr(), y.data_ptr(), out_w.data_ptr()
     row = int(x.shape[1]) * x.element_size()
     parts = [
+        ("nothing (the timed loop's two event records alone)", lambda: None),
         ("empty kernel launch, 4-byte params", lambda: _C.ep_empty_kernel_launch(False, stream)),
         ("empty kernel launch, dispatch-sized params", lambda: _C.ep_empty_kernel_launch(True, stream)),
         ("empty kernel, driver cuLaunchKernel, 4-byte params", lambda: _C.ep_empty_kernel_launch(False, stream, True)),
@@ -82,7 +84,9 @@ def _host_breakdown(op: Any, x: Any, w: Any, idx: Any, args: argparse.Namespace,
     ]
     rows = []
     for name, fn in parts:
-        rows.append(dict(table="breakdown", part=name, tokens=n, host_us=host_idle(fn, calls)))
+        in_loop, loop = host_in_timed_loop(fn, calls)
+        rows.append(dict(table="breakdown", part=name, tokens=n, host_us=host_idle(fn, calls), loop_call_us=in_loop,
+                         loop_us=loop))
     op.check_error()
     return rows
 
@@ -262,13 +266,22 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
         print_table(title, headers, [table_row(m) for m in merged], note=note)
     ranks = sorted(breakdown)
     if ranks and breakdown[ranks[0]]:
+        def mean_of(i: int, key: str) -> Any:
+            values = [breakdown[r][i].get(key) for r in ranks]
+            return "-" if None in values else statistics.mean(values)
+
         print_table(
-            f"Host time of one call, BF16, {breakdown[ranks[0]][0]['tokens']} tokens/rank, GPU idle before each call "
+            f"Host time of one call, BF16, {breakdown[ranks[0]][0]['tokens']} tokens/rank "
             f"(us, median of {max(11, args.eager_calls) - 1}, mean over ranks)",
-            ["part", "host us"],
-            [[b["part"], statistics.mean(breakdown[r][i]["host_us"] for r in ranks)] for i, b in enumerate(breakdown[ranks[0]])],
+            ["part", "host us (GPU idle before each call)", "in the eager loop: the call", "the iteration",
+             "iteration - call"],
+            [[b["part"], mean_of(i, "host_us"), mean_of(i, "loop_call_us"), mean_of(i, "loop_us"),
+              "-" if "-" in (mean_of(i, "loop_us"), mean_of(i, "loop_call_us"))
+              else mean_of(i, "loop_us") - mean_of(i, "loop_call_us")] for i, b in enumerate(breakdown[ranks[0]])],
             note="'arguments ready' = the native launch call (_C.ep_launch_*) with pointers/sizes already extracted; "
-                 "the rest of the full call is the Python wrapper (argument checks, cached views, stream lookup)",
+                 "the rest of the full call is the Python wrapper (argument checks, cached views, stream lookup). "
+                 "'in the eager loop' = back to back, an event pair around each call (the eager timer's loop): "
+                 "'iteration - call' is what the two event records and the loop cost around that call",
         )
     extensions.print_extension_tables(per_rank, f"EP{world} on {gpus}", where)
     tune.print_tables(side, f"EP{world} on {gpus}")

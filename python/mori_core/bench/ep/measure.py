@@ -315,6 +315,27 @@ def measure(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], 
                 us=graph if graph is not None else eager, graph_us=graph)
 
 
+def host_in_timed_loop(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """``(call us, iteration us)``: medians of the host time of ``fn`` and of a whole iteration of
+    :func:`time_eager`'s loop around it (an event pair, calls back to back). Their difference is
+    what the two event records and the loop cost around this call."""
+    import torch
+
+    torch.cuda.synchronize()
+    host_ns, marks = [], []
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    for start, end in events:
+        marks.append(time.perf_counter_ns())
+        start.record()
+        t0 = time.perf_counter_ns()
+        fn()
+        host_ns.append(time.perf_counter_ns() - t0)
+        end.record()
+    marks.append(time.perf_counter_ns())
+    torch.cuda.synchronize()
+    return statistics.median(host_ns[1:]) / 1000, _loop_us(marks)
+
+
 def host_idle(fn: Callable[[], Any], calls: int) -> float:
     """Median host microseconds of ``fn`` with the GPU idle before every call (synchronised)."""
     import torch
