@@ -267,3 +267,44 @@ def test_deepep_settings_are_agreed_by_every_rank() -> None:
     assert best[("combine", 24)] == (pytest.approx(10.5), 2)
     fastest_sms = min((24, 48), key=lambda s: best[("dispatch bf16", s)][0])
     assert fastest_sms == 48
+
+
+class _HostClockEvent:
+    """Stands in for torch.cuda.Event on a machine without a GPU: records the host clock."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        import time
+
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: "_HostClockEvent") -> float:
+        return (end.t - self.t) * 1000.0  # ms, as torch's
+
+
+def test_timed_calls_report_event_call_and_iteration_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from mori_core.bench.ep import measure
+
+    monkeypatch.setattr(torch.cuda, "Event", _HostClockEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = []
+
+    def fn() -> None:
+        calls.append(1)
+        time.sleep(0.002)
+
+    us, host_us, loop_us = measure._timed_calls(fn, 6)
+    assert len(calls) == 6 and len(us) == 5  # the first call's event time is dropped
+    assert all(u >= 2000 for u in us) and host_us >= 2000  # each pair spans the 2 ms call
+    assert loop_us >= host_us  # an iteration is the call and its two records
+    args = argparse.Namespace(warmup=2, eager_calls=6)
+    stats: dict = {}
+    median, mean, host = measure.time_eager(fn, args, lambda: None, stats)
+    assert len(calls) == 6 + 2 + 6 and median >= 2000 and mean >= 2000 and host >= 2000
+    assert stats["loop_us"] >= host
+    in_call, loop = measure.host_in_timed_loop(fn, 4)
+    assert in_call >= 2000 and loop >= in_call

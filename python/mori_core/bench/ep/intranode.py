@@ -266,18 +266,20 @@ def report(per_rank: dict[int, list[dict]], args: argparse.Namespace, world: int
         print_table(title, headers, [table_row(m) for m in merged], note=note)
     ranks = sorted(breakdown)
     if ranks and breakdown[ranks[0]]:
-        def mean_of(i: int, key: str) -> Any:
-            values = [breakdown[r][i].get(key) for r in ranks]
-            return "-" if None in values else statistics.mean(values)
+        def host_row(i: int, part: str) -> list:
+            """A part's columns, means over ranks ("-" where a rank's row lacks the loop figures)."""
+            keys = ("host_us", "loop_call_us", "loop_us")
+            if any(k not in breakdown[r][i] for r in ranks for k in keys):
+                return [part, statistics.mean(breakdown[r][i]["host_us"] for r in ranks), "-", "-", "-"]
+            host, call, loop = (statistics.mean(breakdown[r][i][k] for r in ranks) for k in keys)
+            return [part, host, call, loop, loop - call]
 
         print_table(
             f"Host time of one call, BF16, {breakdown[ranks[0]][0]['tokens']} tokens/rank "
             f"(us, median of {max(11, args.eager_calls) - 1}, mean over ranks)",
             ["part", "host us (GPU idle before each call)", "in the eager loop: the call", "the iteration",
              "iteration - call"],
-            [[b["part"], mean_of(i, "host_us"), mean_of(i, "loop_call_us"), mean_of(i, "loop_us"),
-              "-" if "-" in (mean_of(i, "loop_us"), mean_of(i, "loop_call_us"))
-              else mean_of(i, "loop_us") - mean_of(i, "loop_call_us")] for i, b in enumerate(breakdown[ranks[0]])],
+            [host_row(i, b["part"]) for i, b in enumerate(breakdown[ranks[0]])],
             note="'arguments ready' = the native launch call (_C.ep_launch_*) with pointers/sizes already extracted; "
                  "the rest of the full call is the Python wrapper (argument checks, cached views, stream lookup). "
                  "'in the eager loop' = back to back, an event pair around each call (the eager timer's loop): "

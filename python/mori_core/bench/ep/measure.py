@@ -174,13 +174,24 @@ def time_eager(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[
 
     Returns ``(median us, mean us, host median us)`` over ``eager_calls - 1`` calls (the first
     is dropped). Host time is ``perf_counter`` around the call itself, inside the event pair.
-    ``stats`` (when given) gets ``loop_us``: see :func:`_loop_us`."""
-    import torch
-
-    n = max(2, args.eager_calls)
+    ``stats`` (when given) gets ``loop_us``, the host's time per iteration (:func:`_timed_calls`)."""
     for _ in range(args.warmup):
         fn()
     sync()
+    us, host_us, loop_us = _timed_calls(fn, max(2, args.eager_calls))
+    if stats is not None:
+        stats["loop_us"] = loop_us
+    return statistics.median(us), statistics.mean(us), host_us
+
+
+def _timed_calls(fn: Callable[[], Any], n: int) -> tuple[list[float], float, float]:
+    """``n`` back-to-back calls of ``fn``, a CUDA event pair around each (DeepEP's method), then
+    one synchronisation. Returns the per-call event times (us) of all calls but the first, the
+    median host time of the call itself (``perf_counter``, us) and the median host wall time of a
+    whole iteration (the call and its two event records, us). When the iteration takes at least
+    the event time, the GPU waited for the host between calls: the event time measures the host."""
+    import torch
+
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     host_ns, marks = [], []
@@ -194,16 +205,8 @@ def time_eager(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[
     marks.append(time.perf_counter_ns())
     torch.cuda.synchronize()
     us = [s.elapsed_time(e) * 1000 for s, e in zip(starts, ends)][1:]
-    if stats is not None:
-        stats["loop_us"] = _loop_us(marks)
-    return statistics.median(us), statistics.mean(us), statistics.median(host_ns[1:]) / 1000
-
-
-def _loop_us(marks: list[int]) -> float:
-    """Median host wall time of one timed-loop iteration (the call and its two event records),
-    the first iteration dropped. When it is at least the eager latency, the GPU waited for the
-    host between calls and the eager figure measures the host, not the kernel."""
-    return statistics.median(b - a for a, b in zip(marks[1:-1], marks[2:])) / 1000
+    loop = statistics.median(b - a for a, b in zip(marks[1:-1], marks[2:])) / 1000
+    return us, statistics.median(host_ns[1:]) / 1000, loop
 
 
 def bench_like_deepep(fn: Callable[[], Any], warmup: int = 50, tests: int = 50) -> dict:
@@ -211,7 +214,7 @@ def bench_like_deepep(fn: Callable[[], Any], warmup: int = 50, tests: int = 50) 
     flushed once (256 MB written) after ``warmup`` calls, then ``tests`` back-to-back calls with a
     CUDA event pair around each. Returns ``mean_us`` (DeepEP's figure), ``median_us`` and
     ``min_us`` over all calls but the first, ``host_us``: the median ``perf_counter`` time of
-    the call itself (the host's share), and ``loop_us`` (:func:`_loop_us`)."""
+    the call itself (the host's share), and ``loop_us`` (:func:`_timed_calls`)."""
     import torch
 
     torch.cuda.synchronize()
@@ -219,23 +222,10 @@ def bench_like_deepep(fn: Callable[[], Any], warmup: int = 50, tests: int = 50) 
     for _ in range(warmup):
         fn()
     cache.zero_()
-    tests = max(2, tests)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(tests)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(tests)]
-    host_ns, marks = [], []
-    for i in range(tests):
-        marks.append(time.perf_counter_ns())
-        starts[i].record()
-        t0 = time.perf_counter_ns()
-        fn()
-        host_ns.append(time.perf_counter_ns() - t0)
-        ends[i].record()
-    marks.append(time.perf_counter_ns())
-    torch.cuda.synchronize()
-    us = [s.elapsed_time(e) * 1000 for s, e in zip(starts, ends)][1:]
+    us, host_us, loop_us = _timed_calls(fn, max(2, tests))
     del cache
-    return dict(mean_us=statistics.mean(us), median_us=statistics.median(us), min_us=min(us),
-                host_us=statistics.median(host_ns[1:]) / 1000, loop_us=_loop_us(marks))
+    return dict(mean_us=statistics.mean(us), median_us=statistics.median(us), min_us=min(us), host_us=host_us,
+                loop_us=loop_us)
 
 
 def kernel_breakdown(fn: Callable[[], Any], calls: int) -> dict[str, tuple[float, float]]:
@@ -317,23 +307,13 @@ def measure(fn: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], 
 
 def host_in_timed_loop(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
     """``(call us, iteration us)``: medians of the host time of ``fn`` and of a whole iteration of
-    :func:`time_eager`'s loop around it (an event pair, calls back to back). Their difference is
-    what the two event records and the loop cost around this call."""
+    the eager timer's loop around it (:func:`_timed_calls`). Their difference is what the two
+    event records and the loop cost around this call."""
     import torch
 
     torch.cuda.synchronize()
-    host_ns, marks = [], []
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-    for start, end in events:
-        marks.append(time.perf_counter_ns())
-        start.record()
-        t0 = time.perf_counter_ns()
-        fn()
-        host_ns.append(time.perf_counter_ns() - t0)
-        end.record()
-    marks.append(time.perf_counter_ns())
-    torch.cuda.synchronize()
-    return statistics.median(host_ns[1:]) / 1000, _loop_us(marks)
+    _, host_us, loop_us = _timed_calls(fn, calls)
+    return host_us, loop_us
 
 
 def host_idle(fn: Callable[[], Any], calls: int) -> float:
