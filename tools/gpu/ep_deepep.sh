@@ -34,24 +34,14 @@
 # script waits (bounded) for /tmp/deepep/ok or /tmp/deepep/failed and runs without it otherwise.
 # Logs, JSON and the PNG plots go to $OUT; the summary and the final tables (targets last) are
 # printed at the end; exit 1 when a test failed or a bench's equality check said NO.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+# shellcheck source=tools/gpu/lib/budget_steps.sh
+source "$(dirname "$0")/lib/budget_steps.sh"
+section_start ep_deepep "${EP_DEEPEP_BUDGET:-185}"
 export MORI_BENCH_PROGRESS=1  # bench ranks log which part they start (stderr, into the bench logs)
 export MORI_TEST_ROUNDS=${MORI_TEST_ROUNDS:-100}
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-cd "$(dirname "$0")/../.."
-BUDGET=${EP_DEEPEP_BUDGET:-185}
 DEEPEP=${DEEPEP_DIR:-/tmp/deepep}
 STAGES=${*:-${EP_DEEPEP_STAGES:-tests2 tests4 ceiling bench4 bench2}}
-SUMMARY="$OUT/ep_deepep_summary.txt"
-: > "$SUMMARY"
 PYTEST="$PY -m pytest -q -rs -p no:cacheprovider -o addopts=''"
-T0=$SECONDS
-
-# shellcheck source=tools/gpu/lib/budget_steps.sh
-source tools/gpu/lib/budget_steps.sh
 
 wait_deepep() {  # bounded wait for the lead's background build; sets DEEPEP_PATH when it is usable
   local limit=$1 t=0

@@ -12,20 +12,10 @@
 # Then, alone on the host, `bench ep --fp8-combine` at EP4 runs default, soft, hw16, twice in turn
 # (AB_FP8_ROUNDS), and a table of the combine rows (eager median us) per variant is printed last.
 # Every step is bounded; the whole section by AB_FP8_BUDGET seconds.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-cd "$(dirname "$0")/../.."
-BUDGET=${AB_FP8_BUDGET:-420}
-ROUNDS=${AB_FP8_ROUNDS:-2}
-T0=$SECONDS
-SUMMARY="$OUT/ep_fp8_ab_summary.txt"
-: > "$SUMMARY"
-
 # shellcheck source=tools/gpu/lib/budget_steps.sh
-source tools/gpu/lib/budget_steps.sh
+source "$(dirname "$0")/lib/budget_steps.sh"
+section_start ep_fp8_ab "${AB_FP8_BUDGET:-420}"
+ROUNDS=${AB_FP8_ROUNDS:-2}
 
 declare -A FLAGS=([soft]="-DMORI_EP_FP8_SOFT_CODEC" [hw16]="-DMORI_EP_FP8_UNROLL=16")
 declare -A BUILD_PID

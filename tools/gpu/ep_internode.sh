@@ -30,26 +30,17 @@
 # Older stages (slow; they try NVSHMEM network transports): probe bringup tests timeout bench.
 #
 # Logs go to $OUT; a summary is printed last; exit status non-zero when a test failed.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-cd "$(dirname "$0")/../.."
+# shellcheck source=tools/gpu/lib/budget_steps.sh
+source "$(dirname "$0")/lib/budget_steps.sh"  # section_start, left (this section's steps are `stage`)
+section_start internode "${EP_INTERNODE_BUDGET:-150}"
 STAGES=${*:-${EP_INTERNODE_STAGES:-p2p}}
 STAGES=${STAGES//p2p/pair quad oct bench4}
-BUDGET=${EP_INTERNODE_BUDGET:-150}
 ROUNDS=${EP_INTERNODE_ROUNDS:-200}
 DEEPEP=${DEEPEP_DIR:-/tmp/deepep}
 INTERNODE_CONFIGS=${INTERNODE_CONFIGS:-4x1 4x2 8x1 8x4}
-SUMMARY="$OUT/internode_summary.txt"
-: > "$SUMMARY"
 PYTEST="$PY -m pytest -q -rs -p no:cacheprovider -o addopts= -s"
 T=tests/ep/test_gpu_internode.py
-T0=$SECONDS
 TEST_ENV="MORI_TEST_NET_MODE=p2p MORI_TEST_INTERNODE_PATHS=auto,put MORI_TEST_INTERNODE_EXPECT_DIRECT=1"
-
-left() { echo $((BUDGET - (SECONDS - T0))); }
 
 stage() {  # stage NAME CAP CMD...: runs CMD with timeout min(CAP, budget left - 3 s); skipped under 10 s
   local name=$1 cap=$2; shift 2

@@ -13,22 +13,12 @@
 # and per loop iteration (when the loop is as long as the latency, the GPU waited for the host),
 # and the kernel alone (CUDA-graph replay). A table of the combine rows per variant comes last.
 # Every step is bounded; the whole section by SMALL_AB_BUDGET seconds.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-cd "$(dirname "$0")/../.."
-BUDGET=${SMALL_AB_BUDGET:-330}
+# shellcheck source=tools/gpu/lib/budget_steps.sh
+source "$(dirname "$0")/lib/budget_steps.sh"
+section_start ep_small_ab "${SMALL_AB_BUDGET:-330}"
 ROUNDS=${SMALL_AB_ROUNDS:-1}
 ALGOS=${SMALL_AB_ALGOS:-auto push pull}
 WORLDS=${SMALL_AB_WORLDS:-4 2}
-T0=$SECONDS
-SUMMARY="$OUT/ep_small_ab_summary.txt"
-: > "$SUMMARY"
-
-# shellcheck source=tools/gpu/lib/budget_steps.sh
-source tools/gpu/lib/budget_steps.sh
 
 BENCH="MORI_SHMEM_HEAP_SIZE=4G $PY -m mori_core.bench ep --tokens 128,512 --dtypes bf16 --auto --iters 20 --eager-calls 50 --no-nccl"
 for i in $(seq 1 "$ROUNDS"); do

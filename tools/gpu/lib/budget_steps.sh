@@ -1,7 +1,21 @@
 # Bounded steps of a GPU section (a library, not a section: gpu_check.sh runs tools/gpu/*.sh only),
-# sourced by tools/gpu/ep_deepep.sh and tools/gpu/ep_fp8_ab.sh.
-# The sourcing script sets BUDGET (seconds for the whole section), T0 (=$SECONDS at its start),
-# OUT (the log folder) and SUMMARY (a file that gets one line per step).
+# sourced by tools/gpu/ep_deepep.sh, ep_fp8_ab.sh, ep_small_ab.sh and ep_internode.sh:
+#   source "$(dirname "$0")/lib/budget_steps.sh"; section_start NAME BUDGET_SECONDS
+# section_start sets what the steps use: BUDGET (seconds for the whole section), T0 (=$SECONDS at
+# its start), OUT (the log folder), SUMMARY ($OUT/NAME_summary.txt, one line per step), and PY.
+
+section_start() {  # section_start NAME BUDGET: the common start of a bounded section, run from the repo root
+  set -u
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+  OUT=${OUT:-$PWD/out}
+  mkdir -p "$OUT"
+  PY=${PYTHON:-python3}
+  cd "$(dirname "$0")/../.." || exit 1
+  BUDGET=$2
+  T0=$SECONDS
+  SUMMARY="$OUT/$1_summary.txt"
+  : > "$SUMMARY"
+}
 
 left() { echo $(( BUDGET - (SECONDS - T0) )); }  # seconds of the section's budget still left
 
