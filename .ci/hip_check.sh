@@ -25,7 +25,7 @@ for f in mori_core/csrc/ops/ep_dispatch.cu mori_core/csrc/ops/ep_combine.cu mori
          mori_core/csrc/ops/ep_combine_fp8.cu mori_core/csrc/ops/ep_combine_std.cu mori_core/csrc/ops/ep_standard_moe.cu \
          mori_core/csrc/io/p2p/scatter_copy.cu mori_core/csrc/io/p2p/copy_proxy.cu \
          mori_core/csrc/ccl/ccl_kernels.cu mori_core/csrc/ccl/ccl_reduce_f32.cu mori_core/csrc/ccl/ccl_reduce_f16.cu \
-         mori_core/csrc/ccl/ccl_reduce_bf16.cu mori_core/csrc/ccl/ccl_reduce_i32.cu; do
+         mori_core/csrc/ccl/ccl_reduce_bf16.cu mori_core/csrc/ccl/ccl_reduce_i32.cu mori_core/csrc/ccl/link_probe.cu; do
   echo "hipcc --offload-arch=$ARCH $f"
   hipcc -x hip --offload-arch="$ARCH" "${FLAGS[@]}" -c "$f" -o "$OUTDIR/$(basename "$f").o" || status=1
 done

@@ -3,7 +3,7 @@ engine (auto, copy engines, SM) and size from 1 element to 256 MiB per rank agai
 (torch.distributed) and, for the all-reduce, bit for bit against the rank-order fp32 sum;
 unaligned buffers, in place, start_async/wait_async on two streams, CUDA graph capture and
 replay, back-to-back calls across engines, bad input, AllGatherIntoTensor through the mori.ccl
-alias, the copy engines' copy-signal and unbatched modes, and (2 ranks) a missing peer: every
+alias, the copy engines' copy-signal and unbatched modes, the SM link probe's bytes, and (2 ranks) a missing peer: every
 wait ends and the error names the peer.
 
 One spawn per world size runs every case (the GPU section's time budget is small); a failing
@@ -447,6 +447,62 @@ def _missing_peer(c: Case, rank: int, world: int, dev: torch.device) -> None:
         op.close()  # bounded on both ranks (rank 1's close barrier ends by the timeout at worst)
 
 
+def _link_probe(c: Case, rank: int, world: int, dev: torch.device) -> None:
+    """The SM link probe of `bench ccl --ceilings` moves exactly the bytes it times: every push
+    mode lands this rank's bytes in its slot of every peer's buffer, the pull brings every peer's
+    bytes here (a size that is not a whole number of pieces, and a one-block grid); bad input is
+    refused with the argument named."""
+    import mori_core.shmem as shmem
+    from mori_core import _C
+    from mori_core.ops.engines.gpu_common import byte_view
+
+    n = MIB + 48
+    src_ptr, dst_ptr = shmem.shmem_malloc(n), shmem.shmem_malloc(n * world)
+    try:
+        src, dst = byte_view(src_ptr, n, dev), byte_view(dst_ptr, n * world, dev)
+        src.copy_(_gen(7, rank, n, torch.int8, dev).view(torch.uint8))
+        peers = [p for p in range(world) if p != rank]
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        modes = [("push_all", 0), ("push_each", 1), ("pull", 3)]
+        if torch.cuda.get_device_capability(dev)[0] >= 9:
+            modes.insert(2, ("push_tma", 2))
+        for name, mode in modes:
+            for blocks, warps, chunk in ((132, 8, 4096), (1, 2, 8192)):
+                dst.zero_()
+                shmem.shmem_barrier_all()
+                if mode == 3:
+                    targets = [shmem.shmem_ptr_p2p(src_ptr, rank, p) for p in peers]
+                else:
+                    targets = [shmem.shmem_ptr_p2p(dst_ptr, rank, p) + rank * n for p in peers]
+                _C.ccl_link_probe(mode, src_ptr, targets, dst_ptr, n, blocks, warps, chunk, stream)
+                torch.cuda.synchronize()
+                shmem.shmem_barrier_all()
+                for i, p in enumerate(peers):
+                    got = dst[i * n:(i + 1) * n] if mode == 3 else dst[p * n:(p + 1) * n]
+                    c.check(torch.equal(got, _gen(7, p, n, torch.int8, dev).view(torch.uint8)),
+                            f"link probe {name} {blocks}x{warps}: bytes of rank {p} differ")
+        for kwargs, pattern in ((dict(bytes=n - 8), "bytes: a positive multiple of 16"),
+                                (dict(targets=[]), "targets: 1 to 8"),
+                                (dict(mode=9), "mode: 0 (push_all)"),
+                                (dict(warps=64), "warps: 1 to 32"),
+                                (dict(mode=2, chunk=40), "chunk: a multiple of 16")):
+            args = dict(mode=0, src=src_ptr, targets=[dst_ptr], local_dst=dst_ptr, bytes=n, blocks=1, warps=1,
+                        chunk=4096, stream=stream)
+            args.update(kwargs)
+            if kwargs.get("mode") == 2 and torch.cuda.get_device_capability(dev)[0] < 9:
+                continue
+            try:
+                _C.ccl_link_probe(**args)
+                c.failures.append(f"link probe: {kwargs} not refused")
+            except ValueError as e:
+                c.check(pattern in str(e), f"link probe: {e!r} lacks {pattern!r}")
+        torch.cuda.synchronize()
+    finally:
+        shmem.shmem_barrier_all()
+        shmem.shmem_free(dst_ptr)
+        shmem.shmem_free(src_ptr)
+
+
 def _suite(rank: int, world: int, missing_peer: bool) -> None:
     dev = init_shmem_rank(rank, world)
     c = Case(rank)
@@ -458,6 +514,7 @@ def _suite(rank: int, world: int, missing_peer: bool) -> None:
     c.part("bad input", lambda: _bad_input(c, rank, world, dev))
     c.part("into tensor", lambda: _into_tensor(c, rank, world, dev))
     c.part("ce modes", lambda: _ce_modes(c, rank, world, dev))
+    c.part("link probe", lambda: _link_probe(c, rank, world, dev))
     if missing_peer:
         c.part("missing peer", lambda: _missing_peer(c, rank, world, dev))
     import mori_core.shmem as shmem

@@ -41,6 +41,7 @@ ALGO = "MORI_EP_COMBINE_ALGO"  # the combine kernel a call runs (push / pull)
 OVERLAP = "MORI_EP_PUSH_OVERLAP"  # overlapped push: 0 / 1 / auto (large rounds)
 OVERLAP_REDUCE = "MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS"  # overlapped push: blocks that only reduce
 PULL_PUSH = "MORI_EP_PULL_PUSH_TOKENS"  # pull calls: rounds with at most this many tokens per source push
+PER_DEST = "MORI_EP_DISPATCH_PER_DEST_WARPS"  # dispatch: one destination rank per copy item from this many warps
 ROUNDS = int(os.environ.get("MORI_TEST_ROUNDS", "1000"))  # back-to-back rounds (tools/gpu sections lower it)
 
 
@@ -387,6 +388,13 @@ def _suite(rank: int, world: int) -> None:
         (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, True, {ALGO: "pull"}),
         (4096, torch.float32, 0, torch.float32, False, False, {ALGO: "pull"}),
         (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, False, {PULL_PUSH: "100"}),
+        # dispatch copies with one destination rank per item: always (BF16, fp32, every launch
+        # of the round loop), never (the plain copy on the large grid of round 3), and from 100
+        # warps (FP8 with scales: the 7x3 launch copies per slice, the others per destination)
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, True, True, {PER_DEST: "0"}),
+        (4096, torch.float32, 0, torch.float32, False, False, {PER_DEST: "0"}),
+        (HIDDEN_BIG, torch.bfloat16, 0, torch.bfloat16, False, True, {PER_DEST: "-1"}),
+        (HIDDEN_BIG, fp8, 56, torch.bfloat16, True, False, {PER_DEST: "100"}),
     ]
     max_tok = 192
     for ci, (hidden, dtype, scale_dim, comb_dtype, push, in_place, env) in enumerate(cases):
@@ -418,6 +426,7 @@ def _suite(rank: int, world: int) -> None:
         ({STAGE: "512"}, True, (132, 16), False, 3001),
         ({}, False, (-1, -1), False, 3001),
         ({}, True, (-1, -1), False, 1000),
+        ({PER_DEST: "0"}, False, (-1, -1), True, 2000),
     ] if world <= 4 else []
     for ci, (env, push, launch, in_place, few) in enumerate(prefill):
         cfg = _config(rank, world, HIDDEN_BIG, 4096, push=push, max_type=2)

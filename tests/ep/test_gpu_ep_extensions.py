@@ -45,6 +45,7 @@ WORLDS = [1, 2, 4, 8]
 ROUNDS = int(os.environ.get("MORI_TEST_ROUNDS", "100"))  # back-to-back standard-MoE rounds
 STAGE = "MORI_EP_PUSH_STAGE_TOKENS"  # staged push combine: tokens per chunk (read when an op is built)
 ALGO = "MORI_EP_COMBINE_ALGO"
+PER_DEST = "MORI_EP_DISPATCH_PER_DEST_WARPS"  # dispatch: one destination rank per copy item from this many warps
 FUSED = "MORI_EP_STD_FUSED"  # dispatch_standard_moe: 0 three launches (plan kernel first), 2 one launch
 OVERLAP = "MORI_EP_PUSH_OVERLAP"  # overlapped push combine: 0 / 1 / auto
 OVERLAP_REDUCE = "MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS"
@@ -351,6 +352,13 @@ def _suite(rank: int, world: int, out_path: str) -> None:
         ("std fp8+scales launch 2x1 dup experts, one launch", lambda: _std_case(
             rank, world, dev, 9, 2048, fp8, 16, 32, 8, torch.bfloat16, True, True, "none", (2, 1),
             env={FUSED: "2"})),
+        # per-destination copy items (every dispatch; the fused and one-launch paths)
+        ("std bf16 dup experts, per-destination copies", lambda: _std_case(
+            rank, world, dev, 2, 4096, torch.bfloat16, 0, 32, 8, torch.bfloat16, True, True, "none", (7, 3),
+            env={PER_DEST: "0"})),
+        ("std fp8+scales launch 2x1 dup experts, one launch, per-destination copies", lambda: _std_case(
+            rank, world, dev, 9, 2048, fp8, 16, 32, 8, torch.bfloat16, True, True, "none", (2, 1),
+            env={FUSED: "2", PER_DEST: "0"})),
         ("std fp32 unweighted top6 dup", lambda: _std_case(
             rank, world, dev, 4, 2048, torch.float32, 0, 8, 6, torch.float32, False, True, "none", (132, 16), max_tok=64)),
         ("std bf16 + fp8_blockwise combine", lambda: _std_case(

@@ -1,71 +1,122 @@
-"""Where one rank's dispatch/combine kernel time goes at small batches.
+"""Where each rank's dispatch/combine kernel time goes at small batches, one rank per GPU.
 
 Needs a profiler build (pip install . -Ccmake.define.MORI_ENABLE_PROFILER=ON; tools/gpu/ep15.sh
-`prof` makes one under /tmp/prof_site). Runs world size 1 on GPU 0 with the benchmark's shape
-(hidden 7168, top-8 of 256, AUTO launch table) and prints, per call, the span of every phase over
-all warps: first begin, last end, median duration.
+`prof` and tools/gpu/ep_profile.sh make one under /tmp/prof_site). Runs WORLD ranks (default 1)
+with the benchmark's shape (hidden 7168, top-8 of 256 experts, AUTO launch table), dispatch in
+DTYPE (bf16, or fp8 with 56 fp32 scales per token as `bench ep`) and, for bf16, the default
+combine of its rows, and prints per rank, for the last calls: every phase's span over all warps (first begin,
+last end, relative to the rank's first warp) and the median warp's duration. Each call is
+synchronised on the host before the next (so no call waits for a previous one).
 
-    PYTHONPATH=/tmp/prof_site python3 tools/gpu/ep_phases.py 128 512
+    PYTHONPATH=/tmp/prof_site python3 tools/gpu/ep_phases.py [--world 4] [--dtype fp8] 128 512
 """
+from __future__ import annotations
+
+import argparse
 import os
 import statistics
-import sys
 
-os.environ.setdefault("MORI_EP_LAUNCH_CONFIG_MODE", "AUTO")
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-torch.cuda.set_device(0)
-dev = torch.device("cuda", 0)
-dist.init_process_group("cpu:gloo,cuda:nccl", init_method="tcp://127.0.0.1:29611", rank=0, world_size=1, device_id=dev)
-torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
-import mori_core
-import mori_core.shmem as shmem
-from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineOp
-from mori_core.ops.profiler import parse_trace
+H, E, K, SCALES = 7168, 256, 8, 56
+PHASES = {"dispatch": ("dispatch_route", "dispatch_copy", "dispatch_signal"),
+          "combine": ("combine_stage", "combine_barrier", "combine_reduce")}
 
-print("build", mori_core.build_info()["profiler"])
-shmem.shmem_torch_process_group_init("default")
-H, E, K = 7168, 256, 8
-for n in [int(t) for t in sys.argv[1:]] or [128]:
-    cfg = EpDispatchCombineConfig(data_type=torch.bfloat16, rank=0, world_size=1, hidden_dim=H, scale_dim=0, scale_type_size=4,
-                                  max_token_type_size=2, max_num_inp_token_per_rank=max(n, 128), num_experts_per_rank=E, num_experts_per_token=K)
-    op = EpDispatchCombineOp(cfg)
-    g = torch.Generator().manual_seed(1)
-    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]).to(torch.int32).to(dev)
-    x = torch.randn(n, H, generator=g).to(torch.bfloat16).to(dev)
-    w = torch.rand(n, K, generator=g).to(dev)
-    for _ in range(20):
-        out, ow, _, _, tot = op.dispatch(x, w, None, idx)
-        op.combine(out, ow, idx)
-    torch.cuda.synchronize()
-    op.reset_debug_time_buf()
-    for _ in range(5):
-        out, ow, _, _, tot = op.dispatch(x, w, None, idx)
+
+def _rank(rank: int, world: int, port: int, dtype: str, tokens: list[int], calls: int) -> None:
+    os.environ.setdefault("MORI_EP_LAUNCH_CONFIG_MODE", "AUTO")
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, device_id=dev)
+    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    import mori_core
+    import mori_core.shmem as shmem
+    from mori_core.ops import EpDispatchCombineConfig, EpDispatchCombineOp
+    from mori_core.ops.profiler import parse_trace
+
+    if rank == 0:
+        print("profiler build:", mori_core.build_info()["profiler"], "| world", world, "| dispatch", dtype, flush=True)
+    shmem.shmem_torch_process_group_init("default")
+    fp8 = dtype == "fp8"
+    for n in tokens:
+        cfg = EpDispatchCombineConfig(data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=H,
+                                      scale_dim=SCALES if fp8 else 0, scale_type_size=4, max_token_type_size=2,
+                                      max_num_inp_token_per_rank=max(n, 128), num_experts_per_rank=E // world,
+                                      num_experts_per_token=K)
+        op = EpDispatchCombineOp(cfg)
+        g = torch.Generator().manual_seed(1 + rank)
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]).to(torch.int32).to(dev)
+        x = torch.randn(n, H, generator=g).to(torch.bfloat16).to(dev)
+        w = torch.rand(n, K, generator=g).to(dev)
+        xd = x.clamp(-6, 6).to(torch.float8_e4m3fn) if fp8 else x
+        sc = torch.rand(n, SCALES, device=dev) if fp8 else None
+
+        def one(sync: bool) -> None:
+            """One dispatch (fp8: dispatch only) and, for bf16, the default combine of its rows."""
+            out, ow, _, _, _ = op.dispatch(xd, w, sc, idx)
+            if sync:
+                torch.cuda.synchronize()
+                dist.barrier()
+            if not fp8:
+                op.combine(out, ow, idx)
+                if sync:
+                    torch.cuda.synchronize()
+                    dist.barrier()
+
+        for _ in range(10):
+            one(False)
         torch.cuda.synchronize()
-        op.combine(out, ow, idx)
-        torch.cuda.synchronize()
-    spans, dropped = parse_trace(op.get_debug_time_buf())
-    p = op._cached_dispatch_launch
-    print(f"tokens {n}: dispatch launch {p.block_num}x{p.warp_per_block}, combine {op._cached_combine_launch.block_num}x{op._cached_combine_launch.warp_per_block}; spans {len(spans)} dropped {dropped}")
-    kinds = {"dispatch": ("dispatch_route", "dispatch_copy", "dispatch_signal"), "combine": ("combine_stage", "combine_barrier", "combine_reduce")}
-    for kname, phases in kinds.items():
-        rounds = sorted({s.round for s in spans if s.phase in phases})
-        for rnd in rounds[-3:]:
-            sel = [s for s in spans if s.round == rnd and s.phase in phases]
-            t0 = min(s.begin_ns for s in sel)
-            t1 = max(s.end_ns for s in sel)
-            line = f"  {kname} round {rnd}: first warp start -> last warp end {(t1 - t0) / 1e3:.2f} us;"
-            for ph in phases:
-                ps = [s for s in sel if s.phase == ph]
-                if not ps:
-                    continue
-                b = [s.begin_ns - t0 for s in ps]
-                e = [s.end_ns - t0 for s in ps]
-                d = [s.end_ns - s.begin_ns for s in ps]
-                line += (f" {ph}: n={len(ps)} begin {min(b)/1e3:.2f}-{max(b)/1e3:.2f} end {min(e)/1e3:.2f}-{max(e)/1e3:.2f}"
-                         f" dur med {statistics.median(d)/1e3:.2f} max {max(d)/1e3:.2f};")
-            print(line)
-    op.close()
-shmem.shmem_finalize()
-dist.destroy_process_group()
+        dist.barrier()
+        op.reset_debug_time_buf()
+        for _ in range(calls):
+            one(True)
+        spans, dropped = parse_trace(op.get_debug_time_buf())
+        lines = []
+        grid = {k: (f"{p.block_num}x{p.warp_per_block}" if p is not None else "-")
+                for k, p in (("dispatch", op._cached_dispatch_launch), ("combine", op._cached_combine_launch))}
+        lines.append(f"rank {rank}, {n} tokens: dispatch {grid['dispatch']}, combine {grid['combine']}; "
+                     f"spans {len(spans)}, dropped {dropped}")
+        for kname, phases in PHASES.items():
+            rounds = sorted({s.round for s in spans if s.phase in phases})
+            for rnd in rounds[-2:]:
+                sel = [s for s in spans if s.round == rnd and s.phase in phases]
+                t0 = min(s.begin_ns for s in sel)
+                t1 = max(s.end_ns for s in sel)
+                line = f"  {kname} round {rnd}: {(t1 - t0) / 1e3:.2f} us (start {t0 % 10**9 / 1e3:.1f} us mod 1 s);"
+                for ph in phases:
+                    ps = [s for s in sel if s.phase == ph]
+                    if ps:
+                        b = [(s.begin_ns - t0) / 1e3 for s in ps]
+                        e = [(s.end_ns - t0) / 1e3 for s in ps]
+                        dur = [(s.end_ns - s.begin_ns) / 1e3 for s in ps]
+                        line += (f" {ph} n={len(ps)} begin {min(b):.2f}-{max(b):.2f} end {min(e):.2f}-{max(e):.2f}"
+                                 f" med {statistics.median(dur):.2f};")
+                lines.append(line)
+        report = [None] * world
+        dist.all_gather_object(report, lines)
+        if rank == 0:
+            for r in report:
+                print("\n".join(r), flush=True)
+        op.close()
+    shmem.shmem_finalize()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("tokens", nargs="*", type=int, default=[128])
+    ap.add_argument("--world", type=int, default=1)
+    ap.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--port", type=int, default=29611)
+    a = ap.parse_args()
+    if a.world > torch.cuda.device_count():
+        raise SystemExit(f"--world {a.world}: only {torch.cuda.device_count()} GPUs visible (one rank per GPU)")
+    mp.spawn(_rank, args=(a.world, a.port, a.dtype, a.tokens, a.calls), nprocs=a.world, join=True)
+
+
+if __name__ == "__main__":
+    main()

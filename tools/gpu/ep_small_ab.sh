@@ -4,11 +4,13 @@
 #
 #   bash tools/gpu_check.sh ep_small_ab          (or: bash tools/gpu/ep_small_ab.sh, suite installed)
 #
-# `bench ep` at 128 and 512 tokens (BF16), EP4 on all GPUs and EP2 on GPUs 0,1, once per
-# MORI_EP_COMBINE_ALGO value in turn (SMALL_AB_ROUNDS rounds):
+# `bench ep` at SMALL_AB_TOKENS (128,512) tokens in SMALL_AB_DTYPES (bf16), EP4 on all GPUs and EP2
+# on GPUs 0,1, once per value of the op setting SMALL_AB_VAR (MORI_EP_COMBINE_ALGO) in turn
+# (SMALL_AB_ROUNDS rounds). The values (SMALL_AB_ALGOS) of the default setting:
 #   auto   what callers get (push call: push kernel; pull call: the op's choice)
 #   push   every call on the push kernel (a pull call reads the registered buffer)
 #   pull   every call on the pull kernel (a push call copies into the registered buffer first)
+# e.g. SMALL_AB_VAR=MORI_EP_DISPATCH_PER_DEST_TOKENS SMALL_AB_ALGOS="-1 0" A/Bs the dispatch's copy items.
 # Each row has the eager latency (event pair per call, DeepEP's method), the host's time per call
 # and per loop iteration (when the loop is as long as the latency, the GPU waited for the host),
 # and the kernel alone (CUDA-graph replay). A table of the combine rows per variant comes last.
@@ -20,12 +22,13 @@ ROUNDS=${SMALL_AB_ROUNDS:-1}
 ALGOS=${SMALL_AB_ALGOS:-auto push pull}
 WORLDS=${SMALL_AB_WORLDS:-4 2}
 
-BENCH="MORI_SHMEM_HEAP_SIZE=4G $PY -m mori_core.bench ep --tokens 128,512 --dtypes bf16 --auto --iters 20 --eager-calls 50 --no-nccl"
+VAR=${SMALL_AB_VAR:-MORI_EP_COMBINE_ALGO}
+BENCH="MORI_SHMEM_HEAP_SIZE=${SMALL_AB_HEAP:-4G} $PY -m mori_core.bench ep --tokens ${SMALL_AB_TOKENS:-128,512} --dtypes ${SMALL_AB_DTYPES:-bf16} --auto --iters 20 --eager-calls 50 --no-nccl"
 for i in $(seq 1 "$ROUNDS"); do
   for world in $WORLDS; do
     gpus=""; [ "$world" = 2 ] && gpus="CUDA_VISIBLE_DEVICES=0,1"
     for algo in $ALGOS; do
-      run "ep${world}_${algo}_$i" 60 "$gpus MORI_EP_COMBINE_ALGO=$algo $BENCH --world-size $world --json $OUT/small_ep${world}_${algo}_$i.json"
+      run "ep${world}_${algo}_$i" "${SMALL_AB_STEP_S:-60}" "$gpus $VAR=$algo $BENCH --world-size $world --json $OUT/small_ep${world}_${algo}_$i.json"
     done
   done
 done
@@ -36,7 +39,7 @@ $PY - "$OUT" <<'EOF'
 import glob, json, os, sys
 out = sys.argv[1]
 print("\n### Small batches: eager median / host loop per iteration / graph (kernel alone), us, mean over ranks")
-print("| EP | tokens | call | MORI_EP_COMBINE_ALGO | run | eager | host us/call | host loop | graph |")
+print(f"| EP | tokens | call | {os.environ.get('SMALL_AB_VAR', 'MORI_EP_COMBINE_ALGO')} | run | eager | host us/call | host loop | graph |")
 print("|---|---|---|---|---|---|---|---|---|")
 rows = []
 for path in sorted(glob.glob(os.path.join(out, "small_ep*_*_*.json"))):

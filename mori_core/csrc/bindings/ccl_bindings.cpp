@@ -5,6 +5,7 @@
 
 #include "bindings/bindings.hpp"
 #include "ccl/ccl_handle.hpp"
+#include "ccl/link_probe.hpp"
 #include "ccl/stream_memops.hpp"
 
 namespace py = pybind11;
@@ -69,6 +70,24 @@ void RegisterCcl(py::module_& m) {
   py::list names;
   for (int p = 0; p <= static_cast<int>(Path::kCeAllReduce); ++p) names.append(PathName(static_cast<Path>(p)));
   m.attr("ccl_path_names") = names;
+  m.def(
+      "ccl_link_probe",
+      [](int mode, uintptr_t src, const std::vector<uintptr_t>& targets, uintptr_t local_dst, uint64_t bytes,
+         int blocks, int warps, int chunk, uintptr_t stream) {
+        LinkProbeArgs a;
+        a.mode = static_cast<LinkProbeMode>(mode);
+        a.src = src;
+        a.targets = targets;
+        a.local_dst = local_dst;
+        a.bytes = bytes;
+        a.blocks = blocks;
+        a.warps = warps;
+        a.chunk = chunk;
+        LaunchLinkProbe(a, reinterpret_cast<gpuStream_t>(stream));
+      },
+      py::arg("mode"), py::arg("src"), py::arg("targets"), py::arg("local_dst"), py::arg("bytes"), py::arg("blocks"),
+      py::arg("warps"), py::arg("chunk"), py::arg("stream"),
+      "Enqueue one SM link-probe kernel (modes: 0 push_all, 1 push_each, 2 push_tma, 3 pull; link_probe.hpp).");
   m.def(
       "ccl_copy_engine_unavailable", [] { return StreamMemOpsUnavailable(); },
       "'' when the copy-engine path can run here (stream memory operations), else why not.");

@@ -212,23 +212,33 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     }
     MORI_PROF_END(a, kProfDispatchRoute, round);
     MORI_PROF_BEGIN(a, kProfDispatchCopy, round);
-    // 4. copy (token, slice) items; slices keep all warps busy when tokens are few
-    int parts = max(1, nwarps / cnt);
+    // 4. copy (token, slice) items; slices keep all warps busy when tokens are few. With
+    // per_dest (large grids), an item is (token, slice, destination): a warp stores to one rank,
+    // and the warps next to it load the same slice (from L2) for the token's other destinations.
+    // A pure copy kernel moves 8-15 % more over NVLink that way at EP4 than when one warp loads
+    // a slice once and stores it to every destination (link probe, `bench ccl --ceilings`), and
+    // the dispatch keeps speeding up with more warps instead of slowing down (docs/ep.md, #31
+    // round 8). On small grids each warp's loads are then exposed: one slice loaded per store.
+    const int fan = p.per_dest ? world : 1;
+    int parts = max(1, nwarps / (cnt * fan));
     parts = min(parts, max(1, vecs / kWarpSize));
     const int vpp = (vecs + parts - 1) / parts;
-    const int items = cnt * parts;
+    const int items = cnt * parts * fan;
     for (int item = warp; item < items; item += nwarps) {
-      const int li = item % cnt, part = item / cnt;
+      const int sel = item % fan, li = (item / fan) % cnt, part = item / (fan * cnt);
       const size_t t = static_cast<size_t>(r0 + li);
       int4* dst[kWorld];
       int slot_of[kWorld];
       bool on[kWorld];
+      bool any = false;
 #pragma unroll
       for (int r = 0; r < kWorld; ++r) {
-        slot_of[r] = r < world ? s_slot[li * kWorld + r] : -1;
+        slot_of[r] = r < world && (fan == 1 || r == sel) ? s_slot[li * kWorld + r] : -1;
         on[r] = slot_of[r] >= 0;
+        any |= on[r];
         dst[r] = reinterpret_cast<int4*>(Peer(a, a.buf.dispatch_out, r) + static_cast<size_t>(max(slot_of[r], 0)) * p.row_bytes);
       }
+      if (!any) continue;  // per_dest: the token does not go to this item's rank
       const int4* src = reinterpret_cast<const int4*>(p.input + t * p.row_bytes);
       const int v1 = min(vecs, (part + 1) * vpp);
       for (int v = part * vpp + lane; v < v1; v += kWarpSize * kDispatchUnroll) {

@@ -150,6 +150,7 @@ EpHandle::EpHandle(const EpHandleConfig& c) : EpHandleBase(c, kMaxWorld, KernelW
   push_overlap_tokens_ = EnvOverlapTokens();
   push_overlap_reduce_blocks_ = EnvInt("MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS", 0, -1, 1 << 20);
   pull_push_tokens_ = EnvInt("MORI_EP_PULL_PUSH_TOKENS", kDefaultPullPushTokens, 0, 1 << 30);
+  per_dest_min_warps_ = EnvInt("MORI_EP_DISPATCH_PER_DEST_WARPS", kDefaultPerDestWarps, -1, 1 << 30);
   g.tpe = c.world_size * c.max_num_inp_token_per_rank;
   g.tok_words = TokenWords(c);
 #if MORI_ENABLE_PROFILER
@@ -213,6 +214,7 @@ DispatchParams EpHandle::CheckedDispatchParams(uintptr_t input, int row_bytes, i
   CheckWarps(warps, kDispatchMaxThreads, "dispatch");
   DispatchParams p{};
   FillDispatchPointers(p, cfg_, input, row_bytes, num_tokens, weights, scales, indices);
+  p.per_dest = per_dest_min_warps_ >= 0 && blocks * warps >= per_dest_min_warps_ ? 1 : 0;
   return p;
 }
 

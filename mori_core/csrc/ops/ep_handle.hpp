@@ -43,6 +43,14 @@ constexpr int kDefaultPushOverlapTokens = 8192;
 // 4xH100, kernel alone (CUDA graph), EP4: 128 tokens 32.2 us pushed against 36.8-38.0 pulled;
 // 512 tokens 87.8 against 82.1-83.4 (docs/ep.md, issue #31 round 7). EP2: even at 128 tokens.
 constexpr int kDefaultPullPushTokens = 256;
+// A dispatch launched with at least this many warps (blocks x warps per block) copies
+// (token, slice, destination) items, one destination rank per warp, instead of storing each
+// slice to all its destinations from one warp (MORI_EP_DISPATCH_PER_DEST_WARPS overrides it per
+// op; -1 = never, 0 = always). 4xH100 EP4, kernel alone (CUDA graph), bf16 / fp8: at 132x16
+// (vLLM's default grid) 27.8 / 20.9 us against 36.6 / 26.2 at 128 tokens, 72.7 / 45.5 against
+// 104 / 59.4 at 512, 467 / 253 against 563 / 317 at 4096; it loses only on small grids at 4096
+// tokens (96x4: 486 against 469; 64x4: 511 against 477), see docs/ep.md (issue #31, round 8).
+constexpr int kDefaultPerDestWarps = 512;
 // Warps per block of the standard-MoE expand kernel.
 constexpr int kStdExpandWarps = 8;
 
@@ -131,6 +139,7 @@ class EpHandle : public EpHandleBase {
   int push_overlap_tokens_ = kDefaultPushOverlapTokens;  // -1: never overlapped
   int push_overlap_reduce_blocks_ = 0;
   int pull_push_tokens_ = kDefaultPullPushTokens;  // 0: pull calls always pull
+  int per_dest_min_warps_ = kDefaultPerDestWarps;  // -1: never, 0: always
   uint8_t* std_block_ = nullptr;  // standard-MoE buffers (allocated on first use)
   uint64_t std_offset_ = 0;
   uint64_t std_bytes_ = 0;

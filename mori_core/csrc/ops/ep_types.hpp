@@ -189,6 +189,8 @@ struct DispatchParams : DispatchRows {
   int32_t standard_moe;
   // Blocks that send tokens (0: all). kStdOneLaunch launches more blocks for its expand tail.
   int32_t send_blocks;
+  // 1: each copy item stores to one destination rank (see the dispatch kernel's step 4).
+  int32_t per_dest;
 };
 
 struct CombineParams {

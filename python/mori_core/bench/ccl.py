@@ -11,8 +11,9 @@ of input per rank):
   small all-reduces;
 * the overlap row: a bf16 GEMM alone, and beside back-to-back 64 MiB all-gathers (ours on copy
   engines, ours on SMs, NCCL): the GEMM's throughput kept;
-* copy-engine ceilings (``--ceilings``): a local copy and peer pulls/pushes with cudaMemcpyAsync,
-  with 1, 2 or 4 copies in flight per peer;
+* link ceilings (``--ceilings``): a local copy and peer pulls/pushes with cudaMemcpyAsync,
+  with 1, 2 or 4 copies in flight per peer, and SM probe kernels that only move bytes, in the
+  EP kernels' patterns (16-byte pushes, TMA bulk pushes on sm_90, 16-byte pulls);
 * the tuning sweep (``--sweep``): the copy engines' streams per peer (``ce_split``), SM grids, and
   one-shot vs two-shot for small all-reduces inside CUDA graphs.
 """
@@ -52,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-overlap", action="store_true", help="skip the GEMM overlap row")
     p.add_argument("--overlap-bytes", default="64M", help="all-gather input bytes per rank beside the GEMM")
     p.add_argument("--gemm", type=int, default=8192, help="M=N=K of the bf16 GEMM")
-    p.add_argument("--ceilings", action="store_true", help="copy-engine ceilings (local copy, peer pulls/pushes)")
+    p.add_argument("--ceilings", action="store_true", help="link ceilings (copy engines; SM probe kernels)")
     p.add_argument("--sweep", action="store_true", help="ce_split / SM grid / one- vs two-shot sweep")
     p.add_argument("--json", default="", help="write every row to this JSON file")
 
@@ -407,6 +408,7 @@ def _ceilings(rank: int, world: int, dev: Any) -> list[dict]:
         (f"{n} peer pushes at once, 1 stream each", fan([(peer_dst[p], src) for p in peers]), nbytes * n),
         (f"{n} peer pushes at once, 2 streams each", fan([(peer_dst[p], src) for p in peers], 2), nbytes * n),
     ]
+    tests += _sm_probes(rank, dev, src_ptr, dst_ptr, nbytes, peers, pair)
     rows = []
     for name, fn, moved in tests:
         us, host = _eager(fn, 10, 2)
@@ -415,6 +417,58 @@ def _ceilings(rank: int, world: int, dev: Any) -> list[dict]:
     shmem.shmem_free(dst_ptr)
     shmem.shmem_free(src_ptr)
     return rows
+
+
+# SM link probes (mori_core/csrc/ccl/link_probe.hpp): (name, mode, blocks, warps per block, TMA chunk)
+# for all peers at once and for one pair. 132 blocks = one per H100 SM.
+LINK_PROBE_MODES = {"push_all": 0, "push_each": 1, "push_tma": 2, "pull": 3}
+LINK_PROBES_ALL = [("push 16 B, load once, store to every peer", "push_all", 132, 16, 0),
+                   ("push 16 B, load once, store to every peer", "push_all", 264, 8, 0),
+                   ("push 16 B, one peer per piece", "push_each", 132, 16, 0),
+                   ("push TMA bulk, 4 KiB stages", "push_tma", 132, 8, 4096),
+                   ("push TMA bulk, 8 KiB stages", "push_tma", 132, 8, 8192),
+                   ("push TMA bulk, 16 KiB stages", "push_tma", 132, 4, 16384),
+                   ("pull 16 B", "pull", 132, 16, 0),
+                   ("pull 16 B", "pull", 264, 8, 0)]
+LINK_PROBES_PAIR = [("push 16 B", "push_all", 132, 16, 0),
+                    ("push TMA bulk, 8 KiB stages", "push_tma", 132, 8, 8192),
+                    ("pull 16 B", "pull", 132, 16, 0)]
+
+
+def _sm_probes(rank: int, dev: Any, src_ptr: int, dst_ptr: int, nbytes: int, peers: list[int],
+               pair: int) -> list[tuple[str, Callable[[], None], int]]:
+    """SM kernels that only move bytes (no routing, no signals): pushes of this rank's ``src`` into
+    its slot of every peer's ``dst`` (or of ``pair``'s only), and pulls of the peers' ``src``
+    into the own ``dst``. ``(name, call, bytes moved)`` per probe; none in builds without the
+    CCL kernels, and no TMA rows where the build or device has no sm_90 bulk copies."""
+    import torch
+
+    import mori_core.shmem as shmem
+    from mori_core.ccl.gpu import native_ccl
+
+    core = native_ccl()
+    if core is None or not hasattr(core, "ccl_link_probe"):
+        return []
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    tma_ok = torch.cuda.get_device_capability(dev)[0] >= 9
+
+    def probe(mode: str, targets: list[int], blocks: int, warps: int, chunk: int) -> Callable[[], None]:
+        if mode == "pull":
+            addrs = [shmem.shmem_ptr_p2p(src_ptr, rank, p) for p in targets]
+        else:
+            addrs = [shmem.shmem_ptr_p2p(dst_ptr, rank, p) + rank * nbytes for p in targets]
+        args = (LINK_PROBE_MODES[mode], src_ptr, addrs, dst_ptr, nbytes, blocks, warps, chunk or 4096, stream)
+        return lambda: core.ccl_link_probe(*args)
+
+    out = []
+    for label, targets, table in ((f"{len(peers)} peers at once", peers, LINK_PROBES_ALL),
+                                  ("pairwise (r with r^1)", [pair], LINK_PROBES_PAIR)):
+        for name, mode, blocks, warps, chunk in table:
+            if mode == "push_tma" and not tma_ok:
+                continue
+            out.append((f"SM {name}, {label}, {blocks}x{warps}", probe(mode, targets, blocks, warps, chunk),
+                        nbytes * len(targets)))
+    return out
 
 
 def _sweep(rank: int, world: int, dev: Any, dtype: Any, esize: int, args: argparse.Namespace) -> list[dict]:
@@ -543,7 +597,7 @@ def _print(rows: list[dict], world: int, args: argparse.Namespace, gpu: str) -> 
                     "copy engines)")
     ce = [r for r in rows if r["table"] == "ceilings"]
     if ce:
-        print_table(f"copy-engine ceilings: cudaMemcpyAsync on the symmetric heap ({hw})",
+        print_table(f"link ceilings: cudaMemcpyAsync and SM probe kernels on the symmetric heap ({hw})",
                     ["copy", "bytes", "us", "GB/s", "host us"],
                     [[r["impl"], fmt_bytes(r["bytes"]), r["us"], r["bytes"] / r["us"] / 1e3, r["host_us"]] for r in ce])
     sw = [r for r in rows if r["table"] == "sweep"]

@@ -34,17 +34,20 @@ class LaunchParams:
 
 # (max tokens per rank, block_num, warp_per_block); the first row whose bound >= tokens wins.
 # Kernels: "dispatch", "combine_push", "combine_pull". Measured on 4x H200 (132 SMs) with
-# `python -m mori_core.bench ep --sweep` (hidden 7168, top-8 of 256, uniform routing):
-# dispatch is NVLink-bound beyond ~128 warps and slows down with more (see docs/ep.md).
+# `python -m mori_core.bench ep --sweep` (hidden 7168, top-8 of 256, uniform routing). The
+# dispatch rows assume its per-destination copy, which large grids get (MORI_EP_DISPATCH_PER_DEST_WARPS):
+# with it the dispatch speeds up with more warps; the plain copy slowed down beyond ~128 (docs/ep.md).
 _BIG = 1 << 30
 _HOPPER_TABLES: dict[str, dict[str, list[tuple[int, int, int]]]] = {
     "ep2": {
-        "dispatch": [(256, 64, 4), (1024, 132, 8), (_BIG, 132, 16)],
+        "dispatch": [(256, 132, 4), (1024, 132, 8), (_BIG, 132, 16)],
         "combine_push": [(256, 132, 8), (1024, 132, 16), (_BIG, 264, 8)],
         "combine_pull": [(256, 132, 4), (1024, 96, 8), (_BIG, 132, 8)],
     },
     "ep4+": {
-        "dispatch": [(256, 32, 4), (1024, 64, 4), (_BIG, 96, 4)],
+        # the per-destination copy (>= 512 warps, MORI_EP_DISPATCH_PER_DEST_WARPS): 4xH100 sweep
+        # of issue #31 round 8; best or within 1 % at 128 / 512 / 4096 tokens, bf16 and fp8
+        "dispatch": [(256, 132, 4), (_BIG, 132, 16)],
         "combine_push": [(256, 132, 8), (1024, 264, 8), (_BIG, 132, 16)],
         "combine_pull": [(256, 132, 8), (1024, 96, 8), (_BIG, 132, 4)],
     },

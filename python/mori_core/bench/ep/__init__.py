@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timing (eager and host only)")
     p.add_argument("--no-nccl", action="store_true", help="skip the NCCL all_to_all_single baseline")
     p.add_argument("--sweep", action="store_true", help="sweep (block_num, warp_per_block) per kernel")
+    p.add_argument("--sweep-kernels", default="dispatch,combine",
+                   help="which kernels --sweep covers (dispatch, combine); the others run once, at their AUTO grid")
     p.add_argument("--json", default="", help="write all measurements to this file")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--kernel-type", default="IntraNode",

@@ -159,7 +159,7 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
             if dname == "fp8":
                 inputs.update(x8=x, s8=scales)
             launches = [(args.sms or args.dispatch_block_num, args.dispatch_warp_per_block)]
-            if args.sweep:
+            if args.sweep and "dispatch" in args.sweep_kernels.split(","):
                 launches = [(b, wp) for b in SWEEP_BLOCKS for wp in SWEEP_WARPS]
             res = op.dispatch(x, w, scales, idx)
             torch.cuda.synchronize()
@@ -183,7 +183,7 @@ def _rank_rows(rank: int, world: int, args: argparse.Namespace, dev: Any, sync: 
         inputs.update(y=y, out_w=out_w, recv=recv)
         for call in calls:
             launches = [(args.sms or args.combine_block_num, args.combine_warp_per_block)]
-            if args.sweep:
+            if args.sweep and "combine" in args.sweep_kernels.split(","):
                 launches = [(b, wp) for b in SWEEP_BLOCKS for wp in SWEEP_WARPS if wp <= 16]
             for bn, wpb in launches:
                 uib = COMBINE_CALLS[call]
