@@ -1,7 +1,7 @@
 """Where each rank's dispatch/combine kernel time goes at small batches, one rank per GPU.
 
 Needs a profiler build (pip install . -Ccmake.define.MORI_ENABLE_PROFILER=ON; tools/gpu/ep15.sh
-`prof` and tools/gpu/ep_profile.sh make one under /tmp/prof_site). Runs WORLD ranks (default 1)
+`prof` and tools/gpu/link_profile.sh `profbuild` make one under /tmp/prof_site). Runs WORLD ranks (default 1)
 with the benchmark's shape (hidden 7168, top-8 of 256 experts, AUTO launch table), dispatch in
 DTYPE (bf16, or fp8 with 56 fp32 scales per token as `bench ep`) and, for bf16, the default
 combine of its rows, and prints per rank, for the last calls: every phase's span over all warps (first begin,
