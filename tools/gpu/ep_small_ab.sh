@@ -10,7 +10,7 @@
 #   auto   what callers get (push call: push kernel; pull call: the op's choice)
 #   push   every call on the push kernel (a pull call reads the registered buffer)
 #   pull   every call on the pull kernel (a push call copies into the registered buffer first)
-# e.g. SMALL_AB_VAR=MORI_EP_DISPATCH_PER_DEST_TOKENS SMALL_AB_ALGOS="-1 0" A/Bs the dispatch's copy items.
+# e.g. SMALL_AB_VAR=MORI_EP_DISPATCH_PER_DEST_WARPS SMALL_AB_ALGOS="-1 0" A/Bs the dispatch's copy items.
 # Each row has the eager latency (event pair per call, DeepEP's method), the host's time per call
 # and per loop iteration (when the loop is as long as the latency, the GPU waited for the host),
 # and the kernel alone (CUDA-graph replay). A table of the combine rows per variant comes last.
@@ -35,11 +35,11 @@ done
 
 echo; echo "===== ep_small_ab ($(nvidia-smi -L 2>/dev/null | wc -l) GPU(s), $((SECONDS - T0)) s of $BUDGET s)"
 cat "$SUMMARY"
-$PY - "$OUT" <<'EOF'
+$PY - "$OUT" "$VAR" <<'EOF'
 import glob, json, os, sys
-out = sys.argv[1]
+out, var = sys.argv[1], sys.argv[2]
 print("\n### Small batches: eager median / host loop per iteration / graph (kernel alone), us, mean over ranks")
-print(f"| EP | tokens | call | {os.environ.get('SMALL_AB_VAR', 'MORI_EP_COMBINE_ALGO')} | run | eager | host us/call | host loop | graph |")
+print(f"| EP | tokens | call | {var} | run | eager | host us/call | host loop | graph |")
 print("|---|---|---|---|---|---|---|---|---|")
 rows = []
 for path in sorted(glob.glob(os.path.join(out, "small_ep*_*_*.json"))):

@@ -74,15 +74,7 @@ void RegisterCcl(py::module_& m) {
       "ccl_link_probe",
       [](int mode, uintptr_t src, const std::vector<uintptr_t>& targets, uintptr_t local_dst, uint64_t bytes,
          int blocks, int warps, int chunk, uintptr_t stream) {
-        LinkProbeArgs a;
-        a.mode = static_cast<LinkProbeMode>(mode);
-        a.src = src;
-        a.targets = targets;
-        a.local_dst = local_dst;
-        a.bytes = bytes;
-        a.blocks = blocks;
-        a.warps = warps;
-        a.chunk = chunk;
+        const LinkProbeArgs a{static_cast<LinkProbeMode>(mode), src, targets, local_dst, bytes, blocks, warps, chunk};
         LaunchLinkProbe(a, reinterpret_cast<gpuStream_t>(stream));
       },
       py::arg("mode"), py::arg("src"), py::arg("targets"), py::arg("local_dst"), py::arg("bytes"), py::arg("blocks"),

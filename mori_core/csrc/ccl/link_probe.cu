@@ -138,6 +138,9 @@ __global__ void LinkProbeTma(ProbeParams p) {
 
 bool Aligned16(uintptr_t v) { return (v & 15u) == 0; }
 
+// kPushTma's dynamic shared memory: two chunk-byte stages and two 8-byte mbarriers per warp.
+size_t TmaSmemBytes(const LinkProbeArgs& a) { return static_cast<size_t>(a.warps) * (2 * static_cast<size_t>(a.chunk) + 16); }
+
 }  // namespace
 
 std::string LinkProbeProblem(const LinkProbeArgs& a, int device) {
@@ -169,7 +172,7 @@ std::string LinkProbeProblem(const LinkProbeArgs& a, int device) {
     if (major < 9 || attr.binaryVersion < 90)
       return "mode push_tma: needs sm_90 bulk copies (device major " + std::to_string(major) + ", kernel built for " +
              std::to_string(attr.binaryVersion) + ")";
-    const size_t smem = static_cast<size_t>(a.warps) * (2 * static_cast<size_t>(a.chunk) + 16);
+    const size_t smem = TmaSmemBytes(a);
     if (smem > 227 * 1024)
       return "chunk x warps: 2 stages of chunk bytes per warp must fit 227 KiB of shared memory, asked " +
              std::to_string(smem);
@@ -205,7 +208,7 @@ void LaunchLinkProbe(const LinkProbeArgs& a, gpuStream_t stream) {
       LinkProbe16<LinkProbeMode::kPull><<<a.blocks, threads, 0, stream>>>(p);
       break;
     case LinkProbeMode::kPushTma: {
-      const size_t smem = static_cast<size_t>(a.warps) * (2 * static_cast<size_t>(a.chunk) + 16);
+      const size_t smem = TmaSmemBytes(a);
       if (smem > 48 * 1024) MORI_GPU_CHECK(gpuFuncSetMaxDynamicSmem(LinkProbeTma, static_cast<int>(smem)));
       LinkProbeTma<<<a.blocks, threads, smem, stream>>>(p);
       break;
