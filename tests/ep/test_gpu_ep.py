@@ -252,6 +252,7 @@ def _bad_input_on_the_hot_path(rank: int, world: int, dev: torch.device) -> None
         (dict(input=torch.zeros(16, 512, dtype=torch.bfloat16, device=dev)), "hidden size 512 must be in"),
         (dict(indices=idx[:8]), "indices must have shape"),
         (dict(input=x.view(16, 16, 16)), "input must be 2-D"),
+        (dict(block_num=65536), r"dispatch block_num must be in \[1, 65535\], got 65536"),
     ]
     for change, match in bad_dispatch:
         call = dict(input=x, weights=w, scales=None, indices=idx)
@@ -408,8 +409,9 @@ def _suite(rank: int, world: int) -> None:
             counts[(ci + rnd) % world] = 0  # a rank with no tokens every round
             counts[(ci + rnd + 1) % world] = max_tok
             data = _all_inputs(1000 * ci + rnd, world, counts, hidden, dtype, scale_dim, dev)
-            # Per-call launch overrides: config default, few blocks with odd warps, a full grid.
-            launch = [(-1, -1), (7, 3), (132, 16)][rnd]
+            # Per-call launch overrides: config default, few blocks with odd warps, a full grid; each
+            # rank its own in the same round (a source's blocks complete a round whatever its grid).
+            launch = [(-1, -1), (7, 3), (132, 16)][(rnd + rank) % 3]
             _round(op, ref, cfg, data, push, dtype, comb_dtype, in_place, launch=launch)
         op.close()
         dist.barrier()

@@ -35,6 +35,10 @@ __device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
 __device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+// Adds without returning (fire and forget): a remote arrival count.
+__device__ __forceinline__ void RedAddSys(uint32_t* p, uint32_t v) {
+  (void)__hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
 // Converges the wavefront and orders its lanes' memory operations (HIP has no __syncwarp).
 __device__ __forceinline__ void SyncWarp() { __builtin_amdgcn_wave_barrier(); }
@@ -87,6 +91,10 @@ __device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) { return atomicAdd_system(p, v); }
+// Adds without returning (fire and forget): a remote arrival count.
+__device__ __forceinline__ void RedAddSys(uint32_t* p, uint32_t v) {
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
 __device__ __forceinline__ void SyncWarp() { __syncwarp(); }
 // Polling backoff: a tight spin of many threads on one flag floods the L2

@@ -62,18 +62,20 @@ __device__ __forceinline__ void ReportError(const Args& a, int32_t code, int32_t
   ReportErrorTo(a.buf.sync, a.buf.error, code, phase, peer, x, y);
 }
 
-// Spins until *flag has reached `round`, at most `timeout_ns`. On timeout it
-// reports which peer never arrived. Returns false on timeout or when another
-// wait of this op already failed.
+// Spins until *flag has reached `round` << shift, at most `timeout_ns`. On timeout
+// it reports which peer never arrived, with the rounds it had completed. Returns
+// false on timeout or when another wait of this op already failed. shift > 0: the
+// flag counts arrival units, 1 << shift per round (see kArriveShift).
 static __device__ __noinline__ bool WaitRoundOn(const uint32_t* flag, uint32_t round, uint64_t timeout_ns, EpSyncState* st,
-                                         EpErrorRecord* err, int phase, int peer) {
-  if (ReachedRound(LoadAcquireSys(flag), round)) return true;
+                                         EpErrorRecord* err, int phase, int peer, int shift = 0) {
+  const uint32_t target = round << shift;
+  if (ReachedRound(LoadAcquireSys(flag), target)) return true;
   const uint64_t start = GlobalTimerNs();
   uint32_t sleep_ns = 0;  // tight polls first (short waits stay short), then back off
   int tight = 2;
   while (true) {
     for (int i = 0; i < 8; ++i) {
-      if (ReachedRound(LoadAcquireSys(flag), round)) return true;
+      if (ReachedRound(LoadAcquireSys(flag), target)) return true;
       Backoff(sleep_ns);
     }
     if (tight > 0)
@@ -82,16 +84,33 @@ static __device__ __noinline__ bool WaitRoundOn(const uint32_t* flag, uint32_t r
       sleep_ns = sleep_ns == 0 ? 64 : (sleep_ns >= 1024 ? 1024 : sleep_ns * 2);
     if (*reinterpret_cast<volatile int32_t*>(&st->failed) != 0) return false;
     if (GlobalTimerNs() - start > timeout_ns) {
-      ReportErrorTo(st, err, kErrTimeout, phase, peer, round,
-                    static_cast<int64_t>(*reinterpret_cast<const volatile uint32_t*>(flag)));
+      const uint32_t seen = *reinterpret_cast<const volatile uint32_t*>(flag);
+      // rounds completed: the target less the whole rounds still missing
+      const uint32_t done = round - ((target - seen + (1u << shift) - 1) >> shift);
+      ReportErrorTo(st, err, kErrTimeout, phase, peer, round, static_cast<int64_t>(shift ? done : seen));
       return false;
     }
   }
 }
 
 template <typename Args>
-__device__ __forceinline__ bool WaitRound(const Args& a, const uint32_t* flag, uint32_t round, int phase, int peer) {
-  return WaitRoundOn(flag, round, a.geo.timeout_ns, a.buf.sync, a.buf.error, phase, peer);
+__device__ __forceinline__ bool WaitRound(const Args& a, const uint32_t* flag, uint32_t round, int phase, int peer,
+                                          int shift = 0) {
+  return WaitRoundOn(flag, round, a.geo.timeout_ns, a.buf.sync, a.buf.error, phase, peer, shift);
+}
+
+// Per-source arrival counters (kArriveShift, ep_types.hpp): every block of a launch calls this
+// once after its last write of the round (a barrier inside).
+// Thread 0 orders the block's writes at system scope, then adds the block's share to `counter`'s
+// twin on each of the first `world` ranks (this rank's own included).
+template <typename Args>
+__device__ __forceinline__ void ArriveAtPeers(const Args& a, uint32_t* counter, int world) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    FenceSys();
+    const uint32_t share = blockIdx.x == 0 ? (1u << kArriveShift) - gridDim.x + 1 : 1u;
+    for (int r = 0; r < world; ++r) RedAddSys(Peer(a, counter, r), share);
+  }
 }
 
 // Every block calls this once after its last write of a phase. Returns true in

@@ -9,10 +9,13 @@
 //   3. each token's slot on each destination = base + prefix;
 //   4. warps copy (token, row-slice) items: 16-byte loads of the row once, stored
 //      to every destination (payload), plus weights, ids, scales and source index.
-// Completion: the last block to finish signals every peer with the round number
-// and waits (bounded) for every peer's signal; then the receive count is final,
-// is published as total_recv, and the counter is reset for round + 2 (counters
-// alternate by round parity, so back-to-back dispatches never race a reset).
+// Completion: every block, once its writes are ordered, adds its share of the round
+// to this source's arrival counter on every destination (ArriveAtPeers); block 0
+// waits (bounded) until every source's blocks have all arrived; then the receive
+// count is final, is published as total_recv, and the counter is reset for
+// round + 2 (counters alternate by round parity, so back-to-back dispatches never
+// race a reset). No block waits for the others of its own rank first, and no
+// signal waits for the last one (#31 round 9).
 //
 // Standard-MoE mode (dispatch_standard_moe, kStd != kStdOff): either the plan
 // kernel (ep_standard_moe.cu) already ranked this rank's tokens per expert and
@@ -47,36 +50,22 @@ struct DispatchUnroll {
   static constexpr int value = kWorld <= 4 ? 8 : 4;
 };
 
-// Step 5 on the last block to arrive: signals the round to every peer, waits for theirs, then
-// publishes the round's totals on this rank. False when a wait failed (reported).
+// Step 5 on block 0, after every block's ArriveAtPeers: waits until every source's blocks (this
+// rank's own included) have all arrived, then publishes the round's totals on this rank. False when
+// a wait failed (reported). The other blocks end at their arrival; the kernel ends with this wait.
 template <int kWorld, int kStd>
 __device__ __forceinline__ bool DispatchComplete(const EpKernelArgs& a, const DispatchParams& p, uint32_t round,
                                                  int32_t* counter, uint32_t plan_parity) {
   constexpr bool kRank = kStd == kStdFused || kStd == kStdOneLaunch;
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
-  const int tid = threadIdx.x, world = g.world, n = p.num_tokens;
+  const int tid = threadIdx.x, n = p.num_tokens;
   MORI_PROF_BEGIN(a, kProfDispatchSignal, round);
-  // No store/wait of this rank's own flag: its blocks all arrived (ArriveLast). No fence before
-  // the release stores: ArriveLast's fence, after every block's arrival, already orders this
-  // rank's writes, and the barrier above carries that to these threads' release stores.
-  // (Issue #19: EP8 x 1000 rounds on one GPU; ordering across two physical GPUs is confirmed
-  // only by a 2-GPU run of the same test.)
-  const bool flag_peer = tid < world && tid != g.rank;
-  // Every rank learns every source's token count with its signal (the staged push combine cuts
-  // each source's tokens into chunks the same way on both sides); by round parity, because a
-  // peer may publish its next round's count while this rank's combine still reads this one's.
-  int32_t* tokens_bank = a.buf.peer_tokens + (round & 1) * kMaxWorld + g.rank;
-  if (tid == g.rank) *tokens_bank = n;
-  if (flag_peer) {
-    *Peer(a, tokens_bank, tid) = n;
-    StoreReleaseSys(Peer(a, a.buf.dispatch_flags + g.rank, tid), round);
-  }
   bool ok = true;
-  if (flag_peer) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
+  if (tid < g.world) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid, kArriveShift);
   if (!__syncthreads_and(ok)) return false;
   if (tid == 0) {
-    // Every peer reserved its slots before signalling, so the counter is final.
+    // Every source reserved its slots before its blocks arrived, so the counter is final.
     int total = *reinterpret_cast<volatile int32_t*>(counter);
     *counter = 0;
     if (total > g.max_recv) {
@@ -112,10 +101,9 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   uint32_t* s_mask = reinterpret_cast<uint32_t*>(s_slot + T * kWorld);  // [T]
   int32_t* s_warp_off = reinterpret_cast<int32_t*>(s_mask + T);  // [32][kWorld]
   int32_t* s_base = s_warp_off + 32 * kWorld;                    // [kWorld]
-  int* s_flag = s_base + kWorld;
   const EpGeometry& g = a.geo;
   // standard MoE only: [T][topk] position of each (token, k) among this rank's rows of expert k
-  int32_t* s_rel = s_flag + 4;
+  int32_t* s_rel = s_base + kWorld;
   // kStdFused / kStdOneLaunch only: [num_experts] this rank's tokens before the current round, per
   // expert; the one-launch tail reuses it as the expand's [world][experts_per_rank] bases
   int32_t* s_cnt = s_rel + T * g.topk;
@@ -288,17 +276,21 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     }
   }
 
-  // 5. completion: the last block signals the round to every peer, then waits for theirs
-  const bool last = ArriveLast(&st->dispatch_arrive, s_flag);
-  if (last && !DispatchComplete<kWorld, kStd>(a, p, round, counter, plan_parity)) return;
+  // 5. completion. Every rank learns every source's token count with the round (the staged push
+  // combine cuts each source's tokens into chunks the same way on both sides); by round parity,
+  // because a peer may publish its next round's count while this rank's combine still reads this
+  // one's. Block 0 writes them before its arrival, which orders them.
+  if (blockIdx.x == 0 && tid < world) *Peer(a, a.buf.peer_tokens + (round & 1) * kMaxWorld + g.rank, tid) = n;
+  ArriveAtPeers(a, a.buf.dispatch_flags + g.rank, world);
+  if (blockIdx.x == 0 && !DispatchComplete<kWorld, kStd>(a, p, round, counter, plan_parity)) return;
   if constexpr (kStd == kStdOneLaunch) {
-    // 6. the expand (StdExpandRows) on every block once the last one has waited for every peer
-    // and published the totals. The grid is co-resident (the host sizes it), so the blocks waiting
-    // here cannot keep the last block from running. They wait for the peers first, so that a
-    // missing peer is reported as such (their waits start before the last block's).
+    // 6. the expand (StdExpandRows) on every block once block 0 has waited for every source and
+    // published the totals. The grid is co-resident (the host sizes it), so the blocks waiting
+    // here cannot keep block 0 from running. They wait for the sources first, so that a missing
+    // peer is reported as such.
     bool ok = true;
-    if (!last) {
-      if (tid < world && tid != g.rank) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid);
+    if (blockIdx.x != 0) {
+      if (tid < world) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid, kArriveShift);
       if (__syncthreads_and(ok) && tid == 0) ok = WaitRound(a, &st->dispatch_epoch, round, kPhaseDispatch, g.rank);
     }
     if (!__syncthreads_and(ok)) return;
@@ -311,7 +303,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
 }  // namespace dev
 
 size_t DispatchSmemBytes(int threads, int world, int standard_moe, int num_experts, int topk) {
-  const size_t base = static_cast<size_t>(threads) * world + threads + 32 * world + world + 4;
+  const size_t base = static_cast<size_t>(threads) * world + threads + 32 * world + world;
   const size_t std_part = standard_moe != kStdOff ? static_cast<size_t>(threads) * topk : 0;
   const size_t fused_part = standard_moe >= kStdFused ? static_cast<size_t>(num_experts) : 0;
   return sizeof(int32_t) * (base + std_part + fused_part);

@@ -210,7 +210,10 @@ DispatchParams EpHandle::CheckedDispatchParams(uintptr_t input, int row_bytes, i
                                                uintptr_t scales, uintptr_t indices, int blocks, int warps) const {
   CheckUsable();
   CheckDispatchRows(input, row_bytes, num_tokens, indices);
-  EP_CHECK_ARG(blocks >= 1, "block_num must be >= 1, got " + std::to_string(blocks));
+  // each block's share of a round's arrival units must be positive (kArriveShift)
+  EP_CHECK_ARG(blocks >= 1 && blocks <= kMaxArriveBlocks, "dispatch block_num must be in [1, " +
+                                                              std::to_string(kMaxArriveBlocks) + "], got " +
+                                                              std::to_string(blocks));
   CheckWarps(warps, kDispatchMaxThreads, "dispatch");
   DispatchParams p{};
   FillDispatchPointers(p, cfg_, input, row_bytes, num_tokens, weights, scales, indices);
@@ -376,7 +379,7 @@ void EpHandle::DispatchStandardMoe(uintptr_t input, int row_bytes, int num_token
   const gpuStream_t s = reinterpret_cast<gpuStream_t>(stream);
   if (std_mode_ == kStdOneLaunch) {
     // The tail copies with about the expand kernel's warps; the extra blocks send nothing. All
-    // blocks wait for the last one before the tail, so the grid must be co-resident.
+    // blocks wait for block 0 before the tail, so the grid must be co-resident.
     auto it = std_grid_cap_.find(warps);
     if (it == std_grid_cap_.end())
       it = std_grid_cap_

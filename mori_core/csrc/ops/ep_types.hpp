@@ -53,6 +53,16 @@ enum EpStdMode : int32_t {
 };
 enum EpPhase : int32_t { kPhaseDispatch = 1, kPhaseCombine = 2 };
 
+// Per-source arrival counters (the IntraNode dispatch's completion). Once a block has written
+// everything of a round, it adds its share to its source's counter on every destination; the
+// shares of one source's blocks add up to 1 << kArriveShift per round whatever its grid (block 0
+// adds the complement of the others'), so a destination knows that a source's round r is
+// complete when that counter reaches r << kArriveShift, without knowing the source's grid. The
+// counters wrap like the round flags: a source is at most one round ahead of a destination's
+// wait (its next round needs this destination's next blocks, which start after the wait).
+constexpr int kArriveShift = 16;
+constexpr int kMaxArriveBlocks = (1 << kArriveShift) - 1;  // blocks of one launch
+
 // Host-mapped (pinned) memory: kernels write, the host reads without syncing.
 // `code` is written last, after a system fence, so a non-zero code means the
 // other fields are complete.
@@ -70,7 +80,6 @@ struct EpErrorRecord {
 struct EpSyncState {
   uint32_t dispatch_epoch;   // rounds completed; round e signals value e
   uint32_t combine_epoch;
-  uint32_t dispatch_arrive;  // blocks of the running dispatch that finished sending
   uint32_t combine_arrive;
   int32_t total_recv;        // rows received by the last dispatch (the Python total_recv tensor)
   int32_t dispatch_tokens;   // tokens this rank sent in the last dispatch
@@ -120,7 +129,7 @@ struct EpBuffers {
   uint8_t* stage;               // [world][max_tok][row] push-mode combine staging
   float* stage_weights;         // [world][max_tok][topk]
   int32_t* recv_counter;        // [2] slot reservation counters (by round parity)
-  uint32_t* dispatch_flags;     // [kMaxWorld] round signalled by each source
+  uint32_t* dispatch_flags;     // [kMaxWorld] arrival units of each source's dispatch blocks (kArriveShift)
   uint32_t* combine_flags;      // [kMaxWorld]
   // local only
   uint8_t* combine_out;         // [max_tok][row]
