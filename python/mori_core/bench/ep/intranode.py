@@ -332,16 +332,24 @@ def _print_targets(world: int, best: list[dict], merged: list[dict], title: str)
                 lines.append([n, f"{q} combine (default call) vs best BF16 combine", f"{ratio:.2f}x",
                               f">= {target}x" if target else "-",
                               "-" if not target else ("yes" if ratio >= target else "no")])
-    std = {m["kernel"]: m["eager_mean_us"] for m in merged if m.get("ext") == "std" and m["tokens"] == 128}
+    std = {m["kernel"]: m for m in merged if m.get("ext") == "std" and m["tokens"] == 128}
+    base = std.get("dispatch (same op)")
     # Whole calls only: the --std-kernel-times rows ("...: kernel ...") are parts of a call.
     for name in (k for k in std if k.startswith("dispatch_standard_moe") and "combine" not in k and ": kernel " not in k):
-        if "dispatch (same op)" in std:
-            ratio = std[name] / std["dispatch (same op)"]
-            lines.append([128, f"{name} / 2-D dispatch", f"{ratio:.2f}x", f"<= {STD_MOE_TARGET}x",
-                          "yes" if ratio <= STD_MOE_TARGET else "no"])
+        if base is None:
+            continue
+        eager = std[name]["eager_mean_us"] / base["eager_mean_us"]
+        g, g0 = std[name].get("graph_us"), base.get("graph_us")
+        graph = g / g0 if g and g0 else None
+        # At 128 tokens the 2-D dispatch's eager time can be the host's loop (more than its kernel
+        # takes), which flatters the eager ratio; the kernels' ratio (graph replays) must meet it too.
+        worst = max(eager, graph or 0.0)
+        shown = f"{eager:.2f}x eager" + (f", {graph:.2f}x graph" if graph else "")
+        lines.append([128, f"{name} / 2-D dispatch", shown, f"<= {STD_MOE_TARGET}x",
+                      "yes" if worst <= STD_MOE_TARGET else "no"])
     if lines:
-        print_table(title + ": issue #31 targets (DeepEP's bench() means; FP8 and standard-MoE rows: eager means)",
-                    ["tokens", "what", "measured", "target", "met"], lines)
+        print_table(title + ": issue #31 targets (DeepEP's bench() means; FP8 rows: eager means; standard-MoE "
+                    "rows: eager means and graph replays)", ["tokens", "what", "measured", "target", "met"], lines)
 
 
 def _plot(path: str, title: str, merged: list[dict], deepep_rows: list[dict]) -> None:
