@@ -562,6 +562,44 @@ def test_timeout_names_the_missing_peer() -> None:
     run_ranks(_timeout, 2, backend="nccl", timeout=180)
 
 
+def _mixed_combine_kinds(rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    from mori_core.ops import EpDispatchCombineOp, EpOpError
+
+    _init_shmem()
+    dev = rank_device(rank, world)
+    with op_env({PULL_PUSH: "0"}):  # a pull call runs the pull kernel whatever the round's size
+        op = EpDispatchCombineOp(_config(rank, world, 256, 16, max_type=2))
+    op.timeout_ms = 500
+    g = torch.Generator().manual_seed(7 + rank)
+    x = torch.randn(16, 256, generator=g).to(torch.bfloat16).to(dev)
+    idx = make_routing(16, NUM_EXPERTS, TOPK, g).to(dev)
+    out, _, _, _, total = op.dispatch(x, None, None, idx)
+    torch.cuda.synchronize()
+    op.check_error()
+    n = max(int(total[0]), 1)
+    dist.barrier()
+    # rank 0 pushes, its peers pull: each waits for an arrival the other kind never sends
+    op.combine(out[:n], None, idx, use_external_inp_buf=1 if rank == 0 else 0)
+    with pytest.raises(EpOpError, match="timed out .* waiting for peer rank"):
+        op.check_error()
+    dist.barrier()
+    import mori_core.shmem as shmem
+
+    shmem.shmem_finalize()
+
+
+def test_mixed_combine_kinds_time_out() -> None:
+    """Ranks that run different kinds of combine in one round (one pushes, the other pulls) fail
+    with the timeout on both sides instead of reading rows that were never staged for them. Every
+    combine arrival counter advances by a whole round each round (a round pads the counters of the
+    kinds it did not run), but only after the rank's own waits, so the other kind's padding never
+    releases a waiting rank."""
+    _need(2)
+    run_ranks(_mixed_combine_kinds, 2, backend="nccl", timeout=180)
+
+
 def _shmem_uid(rank: int, world: int, path: str) -> None:
     """shmem over a unique id, without torch.distributed: peer writes land in our heap."""
     import time

@@ -7,7 +7,7 @@
 #   rm -rf .ref_engine && mkdir .ref_engine && git archive <commit> | tar -x -C .ref_engine
 # They build into a folder of their own (pip --target) while this tree's EP GPU tests run on the
 # installed build (EP_AB_TESTS: pytest arguments; default the EP4 suite, the FP8/standard-MoE suite
-# at EP4 and the timeout test). Then
+# at EP4, the timeout test and the mixed-combine-kinds test). Then
 # `bench ep` (EP_AB_BENCH) runs the reference and this build in turn, EP_AB_ROUNDS times, at each
 # of EP_AB_WORLDS (EP2 on GPUs 0,1), and a table of the dispatch and combine rows of both builds
 # (eager median, host loop per iteration, graph replay) comes last. Every step is bounded; the
@@ -28,7 +28,7 @@ rm -rf "$REFSITE" /tmp/ep_ab_ref.rc
 BUILD=$!
 
 run ep_ab_tests "${EP_AB_TESTS_S:-240}" \
-  "$PY -m pytest -q -rs -p no:cacheprovider -o addopts='' ${EP_AB_TESTS:-tests/ep/test_gpu_ep.py tests/ep/test_gpu_ep_extensions.py -k \"(suite and 4) or timeout or (standard_moe_and_fp8_combine and 4)\"}"
+  "$PY -m pytest -q -rs -p no:cacheprovider -o addopts='' ${EP_AB_TESTS:-tests/ep/test_gpu_ep.py tests/ep/test_gpu_ep_extensions.py -k \"(suite and 4) or timeout or mixed or (standard_moe_and_fp8_combine and 4)\"}"
 
 wait "$BUILD"
 ref_rc=$(cat /tmp/ep_ab_ref.rc 2>/dev/null || echo 1)

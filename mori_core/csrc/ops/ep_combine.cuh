@@ -34,10 +34,16 @@
 //   [local expert][row][hidden] layout; phase 0 sums each received token's
 //   expert rows weighted by its gating weights (fp32, rounded to the row dtype)
 //   while pushing it, own tokens included (into local staging).
-// The barriers are "last block signals round to every peer, every block waits
-// for every peer's round", so the grid must be co-resident (the launcher clamps
-// it). No trailing barrier is needed: a peer may only overwrite what we read
-// after its next dispatch completes, which needs our next dispatch signal.
+// The barriers are per-source arrival counters (kArriveShift, #31 round 9): every
+// block that took part adds its share of the round to its rank's counter on every
+// peer, and every block waits until every peer's counter has reached the round,
+// so the grid must be co-resident (the launcher clamps it). A round adds one round
+// of units to every combine counter of every rank: block 0 pads the counters the
+// round did not use (PadUnusedCombineCounters), once its own waits are over, so
+// that two ranks running different kinds of combine in one round wait for each
+// other until the timeout instead of passing. No trailing barrier is needed: a peer
+// may only overwrite what we read after its next dispatch completes, which needs
+// our next dispatch's arrival.
 #pragma once
 
 #include <algorithm>
@@ -293,24 +299,35 @@ struct WarpRun {
   }
 };
 
-// Pushers' arrival after chunk k: the last pusher block (of P) to get here signals it to every rank
-// (no fence before the release stores: the arrival's fence, see ArriveLast).
-__device__ __forceinline__ void SignalPushed(const EpKernelArgs& a, int k, int P, uint32_t round, int* s_flag) {
-  EpSyncState* st = a.buf.sync;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    FenceSys();
-    const uint32_t prev = atomicAdd(&st->stage_arrive[k], 1u);
-    const bool last = prev == static_cast<uint32_t>(P - 1);
-    if (last) {
-      st->stage_arrive[k] = 0;
-      FenceSys();
-    }
-    *s_flag = last ? 1 : 0;
+// Pushers' arrival after chunk k: each pusher block (of P, blocks [0, P)) adds its share of the
+// round to this rank's chunk-k counter on every rank.
+__device__ __forceinline__ void SignalPushed(const EpKernelArgs& a, int k, int P) {
+  ArriveAtPeers(a, a.buf.push_flags + k * kMaxWorld + a.geo.rank, a.geo.world, P);
+}
+
+// Block 0, once this rank's waits of the round are over: every combine arrival counter of this
+// rank that the round did not use (the pull counter in a push round, the chunks from `stages` on;
+// every push chunk in a pull round) gets one round of units on every rank, so that every counter
+// advances by one round per combine round and the waits can compare it with the round number.
+// After the waits, so that a rank whose peer ran the other kind of combine in this round is never
+// released by the peer's padding: each waits for an arrival the other sends only after its own wait.
+// `stage_tokens`: the push's chunk size (CombineParams::stage_tokens); the chunk count is computed
+// again here, as at the kernel's start, rather than kept live through the reduce (registers).
+__device__ __forceinline__ void PadUnusedCombineCounters(const EpKernelArgs& a, bool pull_round, int stage_tokens) {
+  const int world = a.geo.world, rank = a.geo.rank;
+  int stages = 0;
+  if (!pull_round) {
+    const int32_t* ntok = a.buf.peer_tokens + (a.buf.sync->dispatch_epoch & 1) * kMaxWorld;
+    stages = 1;
+    for (int s = 0; s < world; ++s) stages = max(stages, PushStages(ntok[s], stage_tokens));
   }
-  __syncthreads();
-  if (*s_flag != 0 && static_cast<int>(threadIdx.x) < a.geo.world)
-    StoreReleaseSys(Peer(a, a.buf.push_flags + k * kMaxWorld + a.geo.rank, threadIdx.x), round);
+  const int n = (1 + kMaxPushStages) * world;  // counter c: 0 the pull counter, 1 + k push chunk k
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int c = i / world, r = i - c * world;
+    if (pull_round ? c == 0 : (c >= 1 && c - 1 < stages)) continue;
+    uint32_t* counter = c == 0 ? a.buf.combine_flags + rank : a.buf.push_flags + (c - 1) * kMaxWorld + rank;
+    RedAddSys(Peer(a, counter, r), 1u << kArriveShift);
+  }
 }
 
 // Overlapped push, reduce side: reduce warp `rw` (of RW) sums the tokens t = rw + j * RW, each as
@@ -367,8 +384,8 @@ __device__ __forceinline__ bool ReduceWhenPushed(const EpKernelArgs& a, const Co
 }
 
 // The push combine. Pushers (blocks [0, P)) push their run of received rows chunk by chunk
-// (one chunk unless staged, see the file comment) and, per chunk, the last pusher block to finish
-// signals it to every rank. Every block then reduces this rank's tokens chunk by chunk, each
+// (one chunk unless staged, see the file comment) and, per chunk, every pusher block adds its
+// share of the chunk's arrival to every rank (SignalPushed). Every block then reduces this rank's tokens chunk by chunk, each
 // chunk as soon as every rank has signalled it; with stages > 1 the last R blocks only reduce
 // (from the start, while the pushers push), the pushers join them when they are done, and a
 // chunk's tokens come from a work queue shared by all blocks.
@@ -384,7 +401,7 @@ __device__ __forceinline__ bool ReduceWhenPushed(const EpKernelArgs& a, const Co
 template <typename Tag, int kWorld, int kQuant, bool kStd, bool kOverlap>
 __device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const CombineParams& p, uint32_t round, int stages,
                                             bool overlap, const int32_t* ntok, int total, bool rows_ok, bool staged,
-                                            bool use_w, int* s_flag) {
+                                            bool use_w) {
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   const int lane = LaneId(), nwarps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -418,7 +435,7 @@ __device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const Combine
             StoreReleaseSys(Peer(a, a.buf.push_rows + static_cast<size_t>(g.rank) * g.max_tok + t, s), round);
         }
       }
-      SignalPushed(a, k, P, round, s_flag);
+      SignalPushed(a, k, P);
     }
     MORI_PROF_END(a, kProfCombineStage, round);
   }
@@ -433,7 +450,8 @@ __device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const Combine
       MORI_PROF_END(a, kProfCombineReduce, round);
     }
     MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
-    if (ok && wait_peer) ok = WaitRound(a, a.buf.push_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+    if (ok && wait_peer)
+      ok = WaitRound(a, a.buf.push_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x, kArriveShift);
     MORI_PROF_END(a, kProfCombineBarrier, round);
     if (!__syncthreads_and(ok)) return;
   } else {
@@ -446,7 +464,9 @@ __device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const Combine
       const int lo = k * per, cnt = min(n, lo + per) - lo;
       MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
       bool ok = true;
-      if (wait_peer) ok = WaitRound(a, a.buf.push_flags + k * kMaxWorld + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+      if (wait_peer)
+        ok = WaitRound(a, a.buf.push_flags + k * kMaxWorld + threadIdx.x, round, kPhaseCombine, threadIdx.x,
+                       kArriveShift);
       MORI_PROF_END(a, kProfCombineBarrier, round);
       if (!__syncthreads_and(ok) || !rows_ok) return;
       if (cnt <= 0) continue;
@@ -477,7 +497,8 @@ __device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const Combine
     }
   }
   // Every block has read the round; the last one to finish advances it (for the next launch: no
-  // fence, the kernel boundary orders it).
+  // fence, the kernel boundary orders it), and block 0, past its waits, pads the unused counters.
+  if (blockIdx.x == 0) PadUnusedCombineCounters(a, false, p.stage_tokens);
   __syncthreads();
   if (threadIdx.x == 0 && atomicAdd(&st->combine_arrive, 1u) == gridDim.x - 1) {
     st->combine_arrive = 0;
@@ -489,7 +510,7 @@ __device__ __forceinline__ void PushCombine(const EpKernelArgs& a, const Combine
 // its rows) for the peers, one barrier, then each token's rows are read from its destinations.
 template <typename Tag, int kWorld, int kQuant>
 __device__ __forceinline__ void PullCombine(const EpKernelArgs& a, const CombineParams& p, uint32_t round, int total,
-                                            bool rows_ok, bool use_w, int* s_flag) {
+                                            bool rows_ok, bool use_w) {
   constexpr int kAlign = kQuant == kQuantFp8Block ? kFp8BlockVecs : 1;
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
@@ -540,17 +561,20 @@ __device__ __forceinline__ void PullCombine(const EpKernelArgs& a, const Combine
   MORI_PROF_END(a, kProfCombineStage, round);
   MORI_PROF_BEGIN(a, kProfCombineBarrier, round);
 
-  // Barrier with every peer. The own flag also orders this rank's phase 0 before its phase 1
-  // in every block. No fence before the release stores (see the dispatch).
+  // Barrier with every peer. The own counter also orders this rank's phase 0 before its phase 1
+  // in every block.
+  ArriveAtPeers(a, a.buf.combine_flags + g.rank, world, gridDim.x);
   const bool flag_peer = static_cast<int>(threadIdx.x) < world;
-  if (ArriveLast(&st->combine_arrive, s_flag)) {
-    if (flag_peer) StoreReleaseSys(Peer(a, a.buf.combine_flags + g.rank, threadIdx.x), round);
-    if (threadIdx.x == 0) st->combine_epoch = round;
-  }
   bool ok = true;
-  if (flag_peer) ok = WaitRound(a, a.buf.combine_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x);
+  if (flag_peer) ok = WaitRound(a, a.buf.combine_flags + threadIdx.x, round, kPhaseCombine, threadIdx.x, kArriveShift);
   MORI_PROF_END(a, kProfCombineBarrier, round);
-  if (!__syncthreads_and(ok) || !rows_ok) return;
+  ok = __syncthreads_and(ok);
+  if (ok && blockIdx.x == 0) {
+    // Every block of this rank has arrived, so each has read the round: the next launch's.
+    if (threadIdx.x == 0) st->combine_epoch = round;
+    PadUnusedCombineCounters(a, true, 0);
+  }
+  if (!ok || !rows_ok) return;
   MORI_PROF_BEGIN(a, kProfCombineReduce, round);
 
   // Phase 1: out[t] = sum over t's destination ranks of their row for t (fp32).
@@ -584,7 +608,6 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   // Own rows go through local staging too (push): summed from 3-D rows (standard MoE) or quantised,
   // or copied when they (or their weights) lie in this rank's dispatch outputs (p.stage_own).
   constexpr bool kStaged = kStd || kQuant != kQuantNone;
-  __shared__ int s_flag;
   const EpGeometry& g = a.geo;
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
@@ -624,7 +647,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
   if constexpr (kPush) {
     const bool overlap = stages == 1 && p.overlap_tokens >= 0 && tokens >= p.overlap_tokens;
     PushCombine<Tag, kWorld, kQuant, kStd, kOverlap>(a, p, round, stages, overlap, ntok, total, rows_ok, staged,
-                                                     use_w, &s_flag);
+                                                     use_w);
   } else {
     if constexpr (kSmallPush) {
       // A small round of a pull call pushes the registered rows instead: the pull's barrier and
@@ -633,12 +656,11 @@ __global__ void __launch_bounds__(kCombineMaxThreads) CombineKernel(EpKernelArgs
       // from 512 tokens). Unstaged rounds only.
       // (The host points p.input at the registered rows for these calls.)
       if (stages == 1 && most <= p.pull_push_tokens) {
-        PushCombine<Tag, kWorld, kQuant, kStd, false>(a, p, round, 1, false, ntok, total, rows_ok, staged, use_w,
-                                                      &s_flag);
+        PushCombine<Tag, kWorld, kQuant, kStd, false>(a, p, round, 1, false, ntok, total, rows_ok, staged, use_w);
         return;
       }
     }
-    PullCombine<Tag, kWorld, kQuant>(a, p, round, total, rows_ok, use_w, &s_flag);
+    PullCombine<Tag, kWorld, kQuant>(a, p, round, total, rows_ok, use_w);
   }
 }
 

@@ -99,17 +99,17 @@ __device__ __forceinline__ bool WaitRound(const Args& a, const uint32_t* flag, u
   return WaitRoundOn(flag, round, a.geo.timeout_ns, a.buf.sync, a.buf.error, phase, peer, shift);
 }
 
-// Per-source arrival counters (kArriveShift, ep_types.hpp): every block of a launch calls this
-// once after its last write of the round (a barrier inside).
-// Thread 0 orders the block's writes at system scope, then adds the block's share to `counter`'s
-// twin on each of the first `world` ranks (this rank's own included).
+// Per-source arrival counters (kArriveShift, ep_types.hpp): each of the `blocks` blocks that arrive
+// (blocks [0, blocks) of the launch) calls this once after its last write of the round (a barrier
+// inside). Thread r < world orders the block's writes at system scope, then adds the block's share
+// to `counter`'s twin on rank r (this rank's own included).
 template <typename Args>
-__device__ __forceinline__ void ArriveAtPeers(const Args& a, uint32_t* counter, int world) {
+__device__ __forceinline__ void ArriveAtPeers(const Args& a, uint32_t* counter, int world, int blocks) {
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (static_cast<int>(threadIdx.x) < world) {
     FenceSys();
-    const uint32_t share = blockIdx.x == 0 ? (1u << kArriveShift) - gridDim.x + 1 : 1u;
-    for (int r = 0; r < world; ++r) RedAddSys(Peer(a, counter, r), share);
+    const uint32_t share = blockIdx.x == 0 ? (1u << kArriveShift) - static_cast<uint32_t>(blocks) + 1 : 1u;
+    RedAddSys(Peer(a, counter, static_cast<int>(threadIdx.x)), share);
   }
 }
 

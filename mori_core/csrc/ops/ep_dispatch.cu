@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   // because a peer may publish its next round's count while this rank's combine still reads this
   // one's. Block 0 writes them before its arrival, which orders them.
   if (blockIdx.x == 0 && tid < world) *Peer(a, a.buf.peer_tokens + (round & 1) * kMaxWorld + g.rank, tid) = n;
-  ArriveAtPeers(a, a.buf.dispatch_flags + g.rank, world);
+  ArriveAtPeers(a, a.buf.dispatch_flags + g.rank, world, gridDim.x);
   if (blockIdx.x == 0 && !DispatchComplete<kWorld, kStd>(a, p, round, counter, plan_parity)) return;
   if constexpr (kStd == kStdOneLaunch) {
     // 6. the expand (StdExpandRows) on every block once block 0 has waited for every source and

@@ -96,7 +96,6 @@ struct EpSyncState {
   uint32_t std_plans;
   // Staged push combine: pusher blocks that finished chunk k (the last one resets it), and the
   // work-queue heads of each chunk's reduce, by combine round parity (each launch clears the other).
-  uint32_t stage_arrive[kMaxPushStages];
   int32_t stage_items[2][kMaxPushStages];
 };
 
