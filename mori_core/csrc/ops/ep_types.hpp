@@ -53,7 +53,8 @@ enum EpStdMode : int32_t {
 };
 enum EpPhase : int32_t { kPhaseDispatch = 1, kPhaseCombine = 2 };
 
-// Per-source arrival counters (the IntraNode dispatch's completion). Once a block has written
+// Per-source arrival counters (the IntraNode dispatch's completion and the combine's barriers:
+// dispatch_flags, combine_flags, push_flags). Once a block has written
 // everything of a round, it adds its share to its source's counter on every destination; the
 // shares of one source's blocks add up to 1 << kArriveShift per round whatever its grid (block 0
 // adds the complement of the others'), so a destination knows that a source's round r is
@@ -61,7 +62,9 @@ enum EpPhase : int32_t { kPhaseDispatch = 1, kPhaseCombine = 2 };
 // counters wrap like the round flags: a source is at most one round ahead of a destination's
 // wait (its next round needs this destination's next blocks, which start after the wait).
 constexpr int kArriveShift = 16;
-constexpr int kMaxArriveBlocks = (1 << kArriveShift) - 1;  // blocks of one launch
+// Blocks of one arriving launch: the dispatch checks it; the combine's grids are clamped to what
+// fits on the GPU at once, far below.
+constexpr int kMaxArriveBlocks = (1 << kArriveShift) - 1;
 
 // Host-mapped (pinned) memory: kernels write, the host reads without syncing.
 // `code` is written last, after a system fence, so a non-zero code means the
@@ -78,9 +81,9 @@ struct EpErrorRecord {
 // Per-rank device state, updated only by the kernels (so everything is
 // graph-capturable and resets itself).
 struct EpSyncState {
-  uint32_t dispatch_epoch;   // rounds completed; round e signals value e
+  uint32_t dispatch_epoch;   // dispatch rounds completed
   uint32_t combine_epoch;
-  uint32_t combine_arrive;
+  uint32_t combine_arrive;   // push combine: blocks done with the round (the last advances combine_epoch)
   int32_t total_recv;        // rows received by the last dispatch (the Python total_recv tensor)
   int32_t dispatch_tokens;   // tokens this rank sent in the last dispatch
   int32_t failed;            // set once any kernel of this op reported an error
@@ -94,8 +97,8 @@ struct EpSyncState {
   // bitmaps alternate per plan (parity std_plans & 1), not per dispatch round, because plain
   // dispatches may run between two plans and each plan clears the bitmap the plan before it set.
   uint32_t std_plans;
-  // Staged push combine: pusher blocks that finished chunk k (the last one resets it), and the
-  // work-queue heads of each chunk's reduce, by combine round parity (each launch clears the other).
+  // Staged push combine: the work-queue heads of each chunk's reduce, by combine round parity
+  // (each launch clears the other).
   int32_t stage_items[2][kMaxPushStages];
 };
 
@@ -129,7 +132,7 @@ struct EpBuffers {
   float* stage_weights;         // [world][max_tok][topk]
   int32_t* recv_counter;        // [2] slot reservation counters (by round parity)
   uint32_t* dispatch_flags;     // [kMaxWorld] arrival units of each source's dispatch blocks (kArriveShift)
-  uint32_t* combine_flags;      // [kMaxWorld]
+  uint32_t* combine_flags;      // [kMaxWorld] pull combine: arrival units of each source (kArriveShift)
   // local only
   uint8_t* combine_out;         // [max_tok][row]
   float* combine_out_weights;   // [max_tok][topk]
@@ -143,8 +146,8 @@ struct EpBuffers {
                                 // (the fused dispatch sends the counts before its round signal instead)
   // symmetric, written by peers: tokens each source dispatched, by dispatch round parity
   // ([2][kMaxWorld]; the staged push combine cuts every source's tokens into the same chunks
-  // on both sides), and the combine round up to whose chunk k each source has pushed
-  // ([kMaxPushStages][kMaxWorld]).
+  // on both sides), and the arrival units of each source's pushers per chunk k
+  // ([kMaxPushStages][kMaxWorld], kArriveShift).
   int32_t* peer_tokens;
   uint32_t* push_flags;
   // Overlapped push combine: [world][max_tok] symmetric, written by peers: the combine round whose
