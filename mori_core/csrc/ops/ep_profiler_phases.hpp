@@ -10,7 +10,7 @@ namespace mori::ep {
 enum EpProfPhase : int32_t {
   kProfDispatchRoute = 0,   // dispatch: destination masks, slot reservation, slots
   kProfDispatchCopy = 1,    // dispatch: rows (and weights, ids, scales) stored to the destinations
-  kProfDispatchSignal = 2,  // dispatch, last block: signal every peer, wait for every peer
+  kProfDispatchSignal = 2,  // dispatch, block 0: wait until every source's blocks have arrived
   kProfStdPlan = 3,         // standard-MoE plan: token ranks per expert, counts published (fused: the
                             // dispatch blocks' count of the tokens before theirs)
   kProfStdExpand = 4,       // standard-MoE dispatch: received rows copied into the 3-D layout
