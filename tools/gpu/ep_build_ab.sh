@@ -10,7 +10,8 @@
 # at EP4, the timeout test and the mixed-combine-kinds test). Then
 # `bench ep` (EP_AB_BENCH) runs the reference and this build in turn, EP_AB_ROUNDS times, at each
 # of EP_AB_WORLDS (EP2 on GPUs 0,1), and a table of the dispatch and combine rows of both builds
-# (eager median, host loop per iteration, graph replay) comes last. Every step is bounded; the
+# (eager median, host loop per iteration, graph replay; with --std-moe in EP_AB_BENCH also the
+# standard-MoE rows) comes last. Every step is bounded; the
 # whole section by EP_AB_BUDGET seconds.
 # shellcheck source=tools/gpu/lib/budget_steps.sh
 source "$(dirname "$0")/lib/budget_steps.sh"
@@ -58,7 +59,7 @@ cells = {}  # (world, tokens, call) -> build -> [(eager, loop, graph)]
 for path in sorted(glob.glob(os.path.join(out, "ab_ep*_*_*.json"))):
     world, build, _ = os.path.basename(path)[len("ab_ep"):-len(".json")].split("_")
     for r in json.load(open(path))["rows"]:
-        if r.get("ext") or not r["kernel"].startswith(("dispatch", "combine")):
+        if r.get("ext") not in (None, "std") or not r["kernel"].startswith(("dispatch", "combine")):
             continue
         call = f"{r['kernel']} {r['dtype']} {r.get('mode', '')}".strip()
         cells.setdefault((int(world), r["tokens"], call), {}).setdefault(build, []).append(

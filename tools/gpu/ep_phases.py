@@ -8,7 +8,7 @@ combine of its rows, and prints per rank, for the last calls: every phase's span
 last end, relative to the rank's first warp) and the median warp's duration. Each call is
 synchronised on the host before the next (so no call waits for a previous one).
 
-    PYTHONPATH=/tmp/prof_site python3 tools/gpu/ep_phases.py [--world 4] [--dtype fp8] 128 512
+    PYTHONPATH=/tmp/prof_site python3 tools/gpu/ep_phases.py [--world 4] [--dtype fp8] [--std] [--blocks] 128 512
 """
 from __future__ import annotations
 
@@ -21,11 +21,45 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 H, E, K, SCALES = 7168, 256, 8, 56
-PHASES = {"dispatch": ("dispatch_route", "dispatch_copy", "dispatch_signal"),
+PHASES = {"dispatch": ("std_plan", "dispatch_route", "std_bits", "std_rank", "std_count", "dispatch_copy",
+                        "dispatch_signal", "std_expand"),
           "combine": ("combine_stage", "combine_barrier", "combine_reduce")}
 
 
-def _rank(rank: int, world: int, port: int, dtype: str, tokens: list[int], calls: int) -> None:
+def _quantiles(xs: list[float]) -> str:
+    """min / p25 / median / p75 / max of xs, "a/b/c/d/e"."""
+    q = sorted(xs)
+    pick = [q[0], q[len(q) // 4], q[len(q) // 2], q[(3 * len(q)) // 4], q[-1]]
+    return "/".join(f"{v:.2f}" for v in pick)
+
+
+def _block_lines(sel: list, t0: int) -> list[str]:
+    """Per-block view of one dispatch round: each block's first warp begin, its route duration
+    (warp 0: masks, the slot reservation round trip, slots) and its last copy end, as quantiles
+    over blocks (us). Tells a serialised reservation (route durations spread) from late blocks
+    (begins spread)."""
+    by_block: dict[int, dict[str, list]] = {}
+    for s in sel:
+        by_block.setdefault(s.block, {}).setdefault(s.phase, []).append(s)
+    begins, routes, copy_ends = [], [], []
+    for phases in by_block.values():
+        every = [s for ps in phases.values() for s in ps]
+        begins.append((min(s.begin_ns for s in every) - t0) / 1e3)
+        r0 = [s for s in phases.get("dispatch_route", []) if s.warp == 0]
+        if r0:
+            routes.append(sum(s.end_ns - s.begin_ns for s in r0) / 1e3)
+        if phases.get("dispatch_copy"):
+            copy_ends.append((max(s.end_ns for s in phases["dispatch_copy"]) - t0) / 1e3)
+    out = [f"    blocks {len(by_block)}: first begin {_quantiles(begins)}"]
+    if routes:
+        out.append(f"    route (warp 0, per block) {_quantiles(routes)}")
+    if copy_ends:
+        out.append(f"    copy end (per block) {_quantiles(copy_ends)}")
+    return out
+
+
+def _rank(rank: int, world: int, port: int, dtype: str, tokens: list[int], calls: int, std: bool,
+          blocks: bool) -> None:
     os.environ.setdefault("MORI_EP_LAUNCH_CONFIG_MODE", "AUTO")
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -55,7 +89,13 @@ def _rank(rank: int, world: int, port: int, dtype: str, tokens: list[int], calls
         sc = torch.rand(n, SCALES, device=dev) if fp8 else None
 
         def one(sync: bool) -> None:
-            """One dispatch (fp8: dispatch only) and, for bf16, the default combine of its rows."""
+            """One dispatch (fp8 or --std: dispatch only) and, for bf16, the default combine of its rows."""
+            if std:
+                op.dispatch_standard_moe(xd, w, sc, idx)
+                if sync:
+                    torch.cuda.synchronize()
+                    dist.barrier()
+                return
             out, ow, _, _, _ = op.dispatch(xd, w, sc, idx)
             if sync:
                 torch.cuda.synchronize()
@@ -95,6 +135,8 @@ def _rank(rank: int, world: int, port: int, dtype: str, tokens: list[int], calls
                         line += (f" {ph} n={len(ps)} begin {min(b):.2f}-{max(b):.2f} end {min(e):.2f}-{max(e):.2f}"
                                  f" med {statistics.median(dur):.2f};")
                 lines.append(line)
+                if blocks and kname == "dispatch":
+                    lines.extend(_block_lines(sel, t0))
         report = [None] * world
         dist.all_gather_object(report, lines)
         if rank == 0:
@@ -112,10 +154,16 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--port", type=int, default=29611)
+    ap.add_argument("--std", action="store_true", help="dispatch_standard_moe instead of dispatch (no combine)")
+    ap.add_argument("--blocks", action="store_true", help="per-block quantiles of the dispatch's phases")
+    ap.add_argument("--std-path", type=int, choices=(0, 1, 2), default=None,
+                    help="MORI_EP_STD_FUSED for the op (0: three launches, 1: two, 2: one)")
     a = ap.parse_args()
+    if a.std_path is not None:  # read when the op is built, in every spawned rank
+        os.environ["MORI_EP_STD_FUSED"] = str(a.std_path)
     if a.world > torch.cuda.device_count():
         raise SystemExit(f"--world {a.world}: only {torch.cuda.device_count()} GPUs visible (one rank per GPU)")
-    mp.spawn(_rank, args=(a.world, a.port, a.dtype, a.tokens, a.calls), nprocs=a.world, join=True)
+    mp.spawn(_rank, args=(a.world, a.port, a.dtype, a.tokens, a.calls, a.std, a.blocks), nprocs=a.world, join=True)
 
 
 if __name__ == "__main__":

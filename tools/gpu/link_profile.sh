@@ -13,7 +13,8 @@
 #              kernels (16-byte pushes as the dispatch makes them, TMA bulk pushes, 16-byte pulls
 #              as the pull combine), all peers at once and pairwise, beside NCCL's all-to-all
 #   phases     tools/gpu/ep_phases.py on the profiler build: per rank and phase, EP4 x 128 / 512
-#              FP8 dispatch, EP4 x 128 BF16 dispatch + combine, EP2 x 128 FP8 dispatch
+#              FP8 dispatch, EP4 x 128 BF16 dispatch + combine, EP2 x 128 FP8 dispatch (LINK_PHASE_RUNS:
+#              other runs, "name:arguments;..." e.g. "std4:--world 4 --std --blocks 128")
 # shellcheck source=tools/gpu/lib/budget_steps.sh
 source "$(dirname "$0")/lib/budget_steps.sh"
 section_start link_profile "${LINK_BUDGET:-330}"
@@ -44,10 +45,12 @@ if [[ $STAGES == *" link "* ]]; then
 fi
 if [[ $STAGES == *" phases "* ]] && [ -f "$PROF_SITE/.ok" ]; then
   PH="PYTHONPATH=$PROF_SITE\${PYTHONPATH:+:\$PYTHONPATH} $PY tools/gpu/ep_phases.py"
-  run phases_ep4_fp8 60 "$PH --world $W --dtype fp8 128 512"
-  run phases_ep4_bf16 60 "$PH --world $W --dtype bf16 128"
-  run phases_ep2_fp8 50 "CUDA_VISIBLE_DEVICES=0,1 $PH --world 2 --dtype fp8 128"
-  for f in phases_ep4_fp8 phases_ep4_bf16 phases_ep2_fp8; do echo "--- $f"; grep -E "^rank|^  (dispatch|combine)|build|Error" "$OUT/$f.log" | head -40; done
+  # LINK_PHASE_RUNS: "name:ep_phases.py arguments" entries separated by ";" (each run bounded by 60 s)
+  IFS=';' read -r -a phase_runs <<< "${LINK_PHASE_RUNS:-ep4_fp8:--world $W --dtype fp8 128 512;ep4_bf16:--world $W --dtype bf16 128;ep2_fp8:--world 2 --dtype fp8 128}"
+  for entry in "${phase_runs[@]}"; do run "phases_${entry%%:*}" 60 "$PH ${entry#*:}"; done
+  for entry in "${phase_runs[@]}"; do
+    f="phases_${entry%%:*}"; echo "--- $f"; grep -E "^rank|^  (dispatch|combine)|^    |build|Error" "$OUT/$f.log" | head -60
+  done
 fi
 echo; echo "===== link_profile ($ngpu GPU(s), $((SECONDS - T0)) s of $BUDGET s)"
 cat "$SUMMARY"

@@ -117,12 +117,14 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   // tokens per block; the one-launch standard-MoE dispatch has more blocks than senders (its expand tail)
   const int chunk = kStd == kStdOneLaunch ? (n + p.send_blocks - 1) / p.send_blocks : (n + gridDim.x - 1) / gridDim.x;
   const int begin = min(n, static_cast<int>(blockIdx.x) * chunk), end = min(n, begin + chunk);
+  const int last_block = n > 0 ? (n - 1) / chunk : 0;  // the block of the last token (block 0 without tokens)
   // kRank: this dispatch's token bitmaps (parity of the standard-MoE dispatches so far)
   const uint32_t plan_parity = kRank ? (st->std_plans & 1) : 0;
   uint32_t* plan_bits = a.std.plan_bits + static_cast<size_t>(plan_parity) * g.num_experts * g.tok_words;
   if constexpr (kRank) {
     MORI_PROF_BEGIN(a, kProfStdPlan, round);
-    StdFusedStart(a, p.indices, begin < end ? begin : 0, plan_parity, s_cnt);  // blocks without tokens count none
+    // blocks without tokens count none; the route's first barrier orders the counts
+    StdFusedStart(a, p.indices, begin < end ? begin : 0, plan_parity, s_cnt);
     MORI_PROF_END(a, kProfStdPlan, round);
   }
 
@@ -131,6 +133,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     const int cnt = min(T, end - r0);
     // 1. destination mask, one thread per token
     uint32_t mask = 0;
+    if constexpr (kRank) MORI_PROF_BEGIN(a, kProfStdBits, round);
     if (tid < cnt) {
       const int32_t* ids = p.indices + static_cast<size_t>(r0 + tid) * g.topk;
       for (int k = 0; k < g.topk; ++k) {
@@ -143,6 +146,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       }
       a.buf.token_mask[r0 + tid] = mask;
     }
+    if constexpr (kRank) MORI_PROF_END(a, kProfStdBits, round);
     s_mask[tid] = mask;
     {  // the rows start moving into L2 while the slot reservation below is in flight
       const uint8_t* rows = p.input + static_cast<size_t>(r0) * p.row_bytes;
@@ -157,7 +161,9 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       if (lane == 0) s_warp_off[warp * kWorld + r] = PopCount(b);
     }
     __syncthreads();
-    // 2. one remote slot reservation per (block, destination)
+    // 2. one remote slot reservation per (block, destination); the standard-MoE ranking runs
+    // while the reservations are in flight (the result is read only after it)
+    int reserved = 0;
     if (tid < world) {
       int run = 0;
       for (int w = 0; w < nwarps; ++w) {
@@ -165,11 +171,16 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
         s_warp_off[w * kWorld + tid] = run;
         run += c;
       }
-      s_base[tid] = run > 0 ? AtomicAddSys(Peer(a, counter, tid), run) : 0;
+      reserved = run > 0 ? AtomicAddSys(Peer(a, counter, tid), run) : 0;
     }
+    if constexpr (kRank) {
+      MORI_PROF_BEGIN(a, kProfStdRank, round);
+      StdRankRound(a, plan_bits, s_cnt, p.indices, r0, cnt, s_rel);
+      MORI_PROF_END(a, kProfStdRank, round);
+    }
+    if (tid < world) s_base[tid] = reserved;
     __syncthreads();
     // 3. slot of each token on each destination
-    uint64_t std_firsts = 0;  // kRank: this token's k entries to count once the round is ranked
     if (tid < cnt) {
       const size_t t = static_cast<size_t>(r0 + tid);
 #pragma unroll
@@ -189,15 +200,8 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       }
       if constexpr (kStd == kStdPlanned)
         StdTokenRel(a, (st->std_plans + 1) & 1, static_cast<int>(t), p.indices + t * g.topk, s_rel + tid * g.topk);
-      if constexpr (kRank)
-        std_firsts = StdTokenRelFused(a, plan_bits, s_cnt, r0, static_cast<int>(t), p.indices + t * g.topk,
-                                      s_rel + tid * g.topk);
     }
     __syncthreads();
-    if constexpr (kRank) {  // read again only after the next round's barriers
-      for (int k = 0; std_firsts != 0; ++k, std_firsts >>= 1)
-        if (std_firsts & 1) atomicAdd(s_cnt + p.indices[static_cast<size_t>(r0 + tid) * g.topk + k], 1);
-    }
     MORI_PROF_END(a, kProfDispatchRoute, round);
     MORI_PROF_BEGIN(a, kProfDispatchCopy, round);
     // 4. copy (token, slice) items; slices keep all warps busy when tokens are few. With
@@ -263,14 +267,24 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
         if (lane == 0) Peer(a, a.buf.src_pos, r)[slot] = g.rank * g.max_send + static_cast<int32_t>(t);
       }
     }
-    __syncthreads();
     MORI_PROF_END(a, kProfDispatchCopy, round);
+    if constexpr (kRank) {
+      // The round's tokens join s_cnt only where a later read needs them: this block's next
+      // round, or the count export of the block of the last token. After this warp's rows, so
+      // that the update never waits behind the other warps' NVLink stores before its own.
+      if (r0 + T < end || static_cast<int>(blockIdx.x) == last_block) {
+        MORI_PROF_BEGIN(a, kProfStdCount, round);
+        StdCountRound(a, s_cnt, p.indices, r0, cnt);
+        MORI_PROF_END(a, kProfStdCount, round);
+      }
+    }
+    __syncthreads();
   }
 
   if constexpr (kRank) {
     // The block of the last token (block 0 without tokens) has counted them all: every rank gets
     // this rank's counts of its experts, ordered before the round signal by the arrival below.
-    if (static_cast<int>(blockIdx.x) == (n > 0 ? (n - 1) / chunk : 0)) {
+    if (static_cast<int>(blockIdx.x) == last_block) {
       int32_t* mine = a.buf.std_counts + (static_cast<size_t>(round & 1) * world + g.rank) * g.num_experts;
       for (int e = tid; e < g.num_experts; e += T) *Peer(a, mine + e, e / g.experts_per_rank) = s_cnt[e];
     }

@@ -19,12 +19,17 @@ enum EpProfPhase : int32_t {
   kProfCombineReduce = 7,   // combine phase 1: sum of each token's rows
   kProfConvertDispatch = 8, // convert_dispatch_output: rows copied into the 3-D layout
   kProfConvertCombine = 9,  // convert_combine_input: weighted sum of each token's expert rows
-  kProfNumPhases = 10,
+  // Inside dispatch_route of the standard-MoE dispatch that ranks its own tokens:
+  kProfStdBits = 10,        // destination masks and the tokens' bits in the per-expert bitmaps
+  kProfStdRank = 11,        // each (token, expert)'s position among the rank's rows of the expert
+  kProfStdCount = 12,       // the round's tokens added to the per-expert counts
+  kProfNumPhases = 13,
 };
 
 inline constexpr const char* kEpProfilerPhaseNames[kProfNumPhases] = {
     "dispatch_route", "dispatch_copy", "dispatch_signal", "std_plan",       "std_expand",
     "combine_stage",  "combine_barrier", "combine_reduce", "convert_dispatch", "convert_combine",
+    "std_bits",       "std_rank",        "std_count",
 };
 
 // Device buffer: kProfMaxWarps warp slots (slot = block * warps_per_block + warp of one

@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kStdPlanThreads) StdPlanKernel(EpKernelArgs a,
 __global__ void __launch_bounds__(kDispatchMaxThreads) StdExpandKernel(EpKernelArgs a, int row_bytes, bool planned) {
   extern __shared__ int32_t s_base[];  // [world][experts_per_rank]: rows of sources before s, per local expert
   const EpGeometry& g = a.geo;
+  const uint32_t round = a.buf.sync->dispatch_epoch;  // requested with the failure flag
   if (OpFailed(a)) return;
-  const uint32_t round = a.buf.sync->dispatch_epoch;
   MORI_PROF_BEGIN(a, kProfStdExpand, round);
   const int tid = threadIdx.x;
   // Each source's plan published its counts (then fenced and released its flag) before the

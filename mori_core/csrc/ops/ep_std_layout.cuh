@@ -85,30 +85,48 @@ __device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan
 // those bits itself; words shared with a neighbour's tokens are masked), and adds the round's
 // counts. The block of the last token then holds the rank's per-expert totals and sends them
 // with the dispatch's signal (receivers need them only after waiting for that signal).
+//
+// Every step runs one thread per top-k entry, not per token: a token's entries are ranked by
+// eight threads at once, and the loads of a token's ids are coalesced (#31 round 10: one thread
+// per token spent ~3 us on its entries' dependent loads, and the count update after the ranking,
+// issued while the block's other warps were already storing rows over NVLink, waited 1-16 us
+// behind their stores, delaying that warp's own rows).
 
-// Before the block's first round: clears the other parity's bitmap words that its last use set
-// (the next dispatch_standard_moe sets bits there) and sets s_cnt[e] = this rank's tokens before
-// `begin` routed to expert e (a token listing e twice counts once).
+// True when entry k of a token (`row`: its top-k ids) is the token's first entry of expert e (a
+// token listing an expert twice counts once there).
+__device__ __forceinline__ bool FirstEntry(const int32_t* row, int k, int e) {
+  for (int j = 0; j < k; ++j)
+    if (row[j] == e) return false;
+  return true;
+}
+
+// Before the block's first round: s_cnt[e] = this rank's tokens before `begin` routed to expert
+// e, and the other parity's bitmap words that its last use set are cleared (the next
+// dispatch_standard_moe sets bits there). No barrier at the end: the caller's next barrier (the
+// route's, before the ranking reads s_cnt) orders the counts.
 __device__ __forceinline__ void StdFusedStart(const EpKernelArgs& a, const int32_t* ids, int begin, uint32_t parity,
                                               int32_t* s_cnt) {
   const EpGeometry& g = a.geo;
   const int ne = g.num_experts, words = g.tok_words, topk = g.topk, tid = threadIdx.x, T = blockDim.x;
+  for (int e = tid; e < ne; e += T) s_cnt[e] = 0;
+  __syncthreads();
+  // kCountUnroll entries per thread in flight: one memory round trip for up to T * kCountUnroll
+  // entries (the block of the last of 128 tokens counts 127 x 8 with 128 threads)
+  constexpr int kCountUnroll = 8;
+  for (int i0 = tid; i0 < begin * topk; i0 += T * kCountUnroll) {
+    int ev[kCountUnroll];
+#pragma unroll
+    for (int u = 0; u < kCountUnroll; ++u) ev[u] = i0 + u * T < begin * topk ? ids[i0 + u * T] : -1;
+#pragma unroll
+    for (int u = 0; u < kCountUnroll; ++u) {
+      const int i = i0 + u * T, e = ev[u], k = i % topk;
+      if (e >= 0 && e < ne && FirstEntry(ids + (i - k), k, e)) atomicAdd(s_cnt + e, 1);
+    }
+  }
   uint32_t* other = a.std.plan_bits + static_cast<size_t>(parity ^ 1) * ne * words;
   const int stale = a.buf.sync->plan_words[parity ^ 1];
   const int gtid = blockIdx.x * T + tid, gthreads = gridDim.x * T;
   for (int i = gtid; i < ne * stale; i += gthreads) other[static_cast<size_t>(i / stale) * words + i % stale] = 0;
-  for (int e = tid; e < ne; e += T) s_cnt[e] = 0;
-  __syncthreads();
-  for (int t = tid; t < begin; t += T) {
-    const int32_t* row = ids + static_cast<size_t>(t) * topk;
-    for (int k = 0; k < topk; ++k) {
-      const int e = row[k];
-      bool first = e >= 0 && e < ne;
-      for (int j = 0; j < k && first; ++j) first = row[j] != e;
-      if (first) atomicAdd(s_cnt + e, 1);
-    }
-  }
-  __syncthreads();
 }
 
 // Set bits [lo, hi) of a bitmap that other blocks may still be setting outside that range.
@@ -124,30 +142,33 @@ __device__ __forceinline__ int CountBitsIn(const uint32_t* bits, int lo, int hi)
   return c;
 }
 
-// StdTokenRel of the fused ranking: token t of the round starting at r0, whose bits the block set
-// in `bits` (this dispatch's parity) and s_cnt counting the tokens before r0. Returns the mask of
-// k entries that are their expert's first entry in the token (the caller adds those to s_cnt once
-// every token of the round is ranked).
-__device__ __forceinline__ uint64_t StdTokenRelFused(const EpKernelArgs& a, const uint32_t* bits,
-                                                     const int32_t* s_cnt, int r0, int t, const int32_t* ids,
-                                                     int32_t* rel) {
+// The ranking of one round, tokens [r0, r0 + cnt), after the barrier that follows the round's
+// bits (this dispatch's parity, `bits`) and s_cnt (the tokens before r0): s_rel[li * topk + k] =
+// position of token r0 + li's entry k among this rank's rows of its expert, -1 for dropped ids.
+// Entries naming one expert twice get the same position (the same count). Called by every thread.
+__device__ __forceinline__ void StdRankRound(const EpKernelArgs& a, const uint32_t* bits, const int32_t* s_cnt,
+                                             const int32_t* ids, int r0, int cnt, int32_t* s_rel) {
   const EpGeometry& g = a.geo;
-  uint64_t firsts = 0;  // top-k is at most the warp size (64 on AMD)
-  for (int k = 0; k < g.topk; ++k) {
-    const int e = ids[k];
-    int r = -1;
-    if (e >= 0 && e < g.num_experts) {
-      const int first = FirstEntryOf(ids, k, e);
-      if (first < k) {
-        r = rel[first];
-      } else {
-        r = s_cnt[e] + CountBitsIn(bits + static_cast<size_t>(e) * g.tok_words, r0, t);
-        firsts |= 1ull << k;
-      }
-    }
-    rel[k] = r;
+  const int topk = g.topk;
+  const int32_t* round_ids = ids + static_cast<size_t>(r0) * topk;
+  for (int i = threadIdx.x; i < cnt * topk; i += blockDim.x) {
+    const int e = round_ids[i];
+    s_rel[i] = e >= 0 && e < g.num_experts
+                   ? s_cnt[e] + CountBitsIn(bits + static_cast<size_t>(e) * g.tok_words, r0, r0 + i / topk)
+                   : -1;
   }
-  return firsts;
+}
+
+// Adds round [r0, r0 + cnt)'s tokens to s_cnt, after every read of the round's ranking (the
+// caller's barriers order it before the next round's ranking and the count export).
+__device__ __forceinline__ void StdCountRound(const EpKernelArgs& a, int32_t* s_cnt, const int32_t* ids, int r0,
+                                              int cnt) {
+  const int topk = a.geo.topk, ne = a.geo.num_experts;
+  const int32_t* round_ids = ids + static_cast<size_t>(r0) * topk;
+  for (int i = threadIdx.x; i < cnt * topk; i += blockDim.x) {
+    const int e = round_ids[i], k = i % topk;
+    if (e >= 0 && e < ne && FirstEntry(round_ids + (i - k), k, e)) atomicAdd(s_cnt + e, 1);
+  }
 }
 
 // The expand of dispatch_standard_moe (StdExpandKernel, or the tail of the one-launch dispatch),
@@ -156,76 +177,120 @@ __device__ __forceinline__ uint64_t StdTokenRelFused(const EpKernelArgs& a, cons
 // to the expert (their counts, std_counts) + the row's position among its own source's rows of
 // the expert (std_rel, written by the source's dispatch). Block 0 writes packed_count and the
 // layout ranges. s_base: [world][experts_per_rank] shared ints.
+//
+// Work item = (group of R = warp size / topk consecutive received rows, slice of the row): lane
+// (r, k) holds row r's entry k, so one coalesced load gives the warp the R rows' ids and
+// positions; the warp then loads the slice of up to kExpandBatch rows at once and stores each to
+// that row's local experts. A row has 1 to topk local experts (2.2 on average at EP4, top-8 of
+// 256), so items of one row each were as uneven as that; a group of rows evens the stores out,
+// and the batched loads wait for memory once per batch instead of once per row (#31 round 10).
+constexpr int kExpandBatch = 4;  // rows whose slices a lane holds at once (kUnroll vectors each)
+
+// Vectors [v0 + lane + u * warp size] (u < 4, below v1) of received rows [first, first + nb) into
+// xv[b][u]: one pass of the expand over a batch of rows.
+__device__ __forceinline__ void LoadExpandBatch(const EpKernelArgs& a, int row_bytes, int first, int nb, int v0, int v1,
+                                                int lane, int4 (&xv)[kExpandBatch][4]) {
+#pragma unroll
+  for (int b = 0; b < kExpandBatch; ++b) {
+    if (b >= nb) break;
+    const int4* src = reinterpret_cast<const int4*>(a.buf.dispatch_out + static_cast<size_t>(first + b) * row_bytes);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int v = v0 + lane + u * kWarpSize;
+      if (v < v1) xv[b][u] = LoadPeer(src + v);
+    }
+  }
+}
+
 __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_bytes, uint32_t round, int32_t* s_base) {
   const EpGeometry& g = a.geo;
   const int tid = threadIdx.x, T = blockDim.x, epr = g.experts_per_rank, ne = g.num_experts;
   const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * ne;
+  // volatile: the one-launch tail's blocks read the sync state (its cache line) before its last block set it
+  const int total = *reinterpret_cast<volatile int32_t*>(&a.buf.sync->total_recv);
   for (int el = tid; el < epr; el += T) {
     const int e = g.rank * epr + el;
+    int c[kMaxWorld];  // every source's count requested before any is used: one round trip
+#pragma unroll
+    for (int s = 0; s < kMaxWorld; ++s) c[s] = s < g.world ? LoadRelaxedSys(counts + static_cast<size_t>(s) * ne + e) : 0;
     int run = 0;
-    for (int s = 0; s < g.world; ++s) {
-      const int c = LoadRelaxedSys(counts + static_cast<size_t>(s) * ne + e);
+#pragma unroll
+    for (int s = 0; s < kMaxWorld; ++s) {
+      if (s >= g.world) break;
       s_base[s * epr + el] = run;
       if (blockIdx.x == 0)
         a.std.layout_range[static_cast<size_t>(el) * g.world + s] =
-            static_cast<int64_t>(static_cast<uint32_t>(c)) | (static_cast<int64_t>(run) << 32);
-      run += c;
+            static_cast<int64_t>(static_cast<uint32_t>(c[s])) | (static_cast<int64_t>(run) << 32);
+      run += c[s];
     }
     if (blockIdx.x == 0) a.std.packed_count[el] = run;
   }
   __syncthreads();
-  // volatile: the one-launch tail's blocks read the sync state (its cache line) before its last block set it
-  const int total = *reinterpret_cast<volatile int32_t*>(&a.buf.sync->total_recv);
   const int vecs = row_bytes / 16, lane = LaneId(), topk = g.topk;
+  const int rows_per_group = max(1, kWarpSize / topk), groups = (total + rows_per_group - 1) / rows_per_group;
   const int nwarps = T / kWarpSize;
-  const int gwarp = blockIdx.x * nwarps + tid / kWarpSize, total_warps = gridDim.x * nwarps;
-  int parts = max(1, total_warps / max(total, 1));
-  parts = min(parts, max(1, vecs / kWarpSize));
+  // consecutive items on different SMs: with fewer items than warps every SM still gets some
+  const int gwarp = (tid / kWarpSize) * gridDim.x + blockIdx.x, total_warps = gridDim.x * nwarps;
+  constexpr int kUnroll = 4;
+  // slices: enough items for every warp, none shorter than one full pass of the warp's lanes
+  int parts = max(1, total_warps / max(groups, 1));
+  parts = min(parts, max(1, vecs / (kWarpSize * kUnroll)));
   const int vpp = (vecs + parts - 1) / parts;
-  for (int item = gwarp; item < total * parts; item += total_warps) {
-    const int i = item % total, part = item / total;
-    const int32_t flat = a.buf.src_pos[i];
-    const int s = flat / g.max_send;
-    // lane k: packed row of entry k (-1: not an expert of this rank), dup = repeats an earlier expert
-    const int e = lane < topk ? a.buf.dispatch_out_indices[static_cast<size_t>(i) * topk + lane] : -1;
-    const int rel = lane < topk ? a.std.std_rel[static_cast<size_t>(i) * topk + lane] : -1;
-    bool dup = false;
-    for (int j = 0; j < topk; ++j) {
-      const int ej = ShflIdx(e, j);  // every lane shuffles (no short-circuit around it)
-      dup |= j < lane && ej == e;
+  const int k = lane % topk, sub = lane / topk;  // this lane: entry k of the group's row `sub`
+  for (int item = gwarp; item < groups * parts; item += total_warps) {
+    const int grp = item % groups, part = item / groups;
+    const int i = grp * rows_per_group + sub;
+    const bool have = sub < rows_per_group && i < total;
+    const int v1 = min(vecs, (part + 1) * vpp);
+    const int group_rows = min(rows_per_group, total - grp * rows_per_group);
+    // The first batch's slices are requested before the ids and positions that say where they
+    // go, so the two memory round trips overlap (most items are one batch and one pass).
+    int4 xv[kExpandBatch][kUnroll];
+    LoadExpandBatch(a, row_bytes, grp * rows_per_group, min(kExpandBatch, group_rows), part * vpp, v1, lane, xv);
+    const int32_t flat = have ? a.buf.src_pos[i] : 0;
+    const int e = have ? a.buf.dispatch_out_indices[static_cast<size_t>(i) * topk + k] : -1;
+    const int rel = have ? a.std.std_rel[static_cast<size_t>(i) * topk + k] : -1;
+    bool dup = false;  // repeats an earlier entry of its token (one row per distinct expert)
+    for (int d = 1; d < topk; ++d) {
+      const int ed = ShflUp(e, d);  // every lane shuffles (no short-circuit around it)
+      dup |= k >= d && ed == e;
     }
-    const int el = e - g.rank * epr;
+    const int el = e - g.rank * epr, s = flat / g.max_send;
     const int row = (rel >= 0 && el >= 0 && el < epr) ? el * g.tpe + s_base[s * epr + el] + rel : -1;
+    const bool store = row >= 0 && !dup;
     if (part == 0) {
-      if (lane < topk) a.std.std_row[static_cast<size_t>(i) * topk + lane] = row;
-      if (row >= 0 && !dup) a.std.packed_src_info[row] = flat;
+      if (have) a.std.std_row[static_cast<size_t>(i) * topk + k] = row;
+      if (store) a.std.packed_src_info[row] = flat;
       if (g.scale_bytes > 0) {
-        for (int k = 0; k < topk; ++k) {
-          const int rk = ShflIdx(row, k), dk = ShflIdx(dup ? 1 : 0, k);
-          if (rk < 0 || dk) continue;
+        for (LaneMask m = Ballot(store); m != 0; m &= m - 1) {
+          const int l = LowestLane(m);
+          const int rk = ShflIdx(row, l), ik = grp * rows_per_group + l / topk;
           CopySmall(a.std.packed_scales + static_cast<size_t>(rk) * g.scale_bytes,
-                    a.buf.dispatch_out_scales + static_cast<size_t>(i) * g.scale_bytes, g.scale_bytes, lane);
+                    a.buf.dispatch_out_scales + static_cast<size_t>(ik) * g.scale_bytes, g.scale_bytes, lane);
         }
       }
     }
-    const int4* src = reinterpret_cast<const int4*>(a.buf.dispatch_out + static_cast<size_t>(i) * row_bytes);
-    const int v1 = min(vecs, (part + 1) * vpp);
-    constexpr int kUnroll = 4;
-    for (int v0 = part * vpp; v0 < v1; v0 += kWarpSize * kUnroll) {
-      int4 xv[kUnroll];
+    const LaneMask stores = Ballot(store);
+    for (int r0 = 0; r0 < group_rows; r0 += kExpandBatch) {
+      const int nb = min(kExpandBatch, group_rows - r0);
+      for (int v0 = part * vpp; v0 < v1; v0 += kWarpSize * kUnroll) {
+        if (r0 != 0 || v0 != part * vpp)  // the first pass was loaded above
+          LoadExpandBatch(a, row_bytes, grp * rows_per_group + r0, nb, v0, v1, lane, xv);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int v = v0 + lane + u * kWarpSize;
-        if (v < v1) xv[u] = LoadPeer(src + v);
-      }
-      for (int k = 0; k < topk; ++k) {
-        const int rk = ShflIdx(row, k), dk = ShflIdx(dup ? 1 : 0, k);
-        if (rk < 0 || dk) continue;
-        int4* dst = reinterpret_cast<int4*>(a.std.packed_x + static_cast<size_t>(rk) * row_bytes);
+        for (int b = 0; b < kExpandBatch; ++b) {
+          if (b >= nb) break;
+          // the lanes of row r0 + b that store: its distinct local experts
+          const int first_lane = (r0 + b) * topk;
+          LaneMask m = (stores >> first_lane) & ((topk >= kWarpSize) ? ~LaneMask(0) : ((LaneMask(1) << topk) - 1));
+          for (; m != 0; m &= m - 1) {
+            const int rk = ShflIdx(row, first_lane + LowestLane(m));
+            int4* dst = reinterpret_cast<int4*>(a.std.packed_x + static_cast<size_t>(rk) * row_bytes);
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int v = v0 + lane + u * kWarpSize;
-          if (v < v1) Store16(dst + v, xv[u]);
+            for (int u = 0; u < kUnroll; ++u) {
+              const int v = v0 + lane + u * kWarpSize;
+              if (v < v1) Store16(dst + v, xv[b][u]);
+            }
+          }
         }
       }
     }
