@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       // that the update never waits behind the other warps' NVLink stores before its own.
       if (r0 + T < end || static_cast<int>(blockIdx.x) == last_block) {
         MORI_PROF_BEGIN(a, kProfStdCount, round);
-        StdCountRound(a, s_cnt, p.indices, r0, cnt);
+        CountFirstEntries(a, s_cnt, p.indices + static_cast<size_t>(r0) * g.topk, cnt);
         MORI_PROF_END(a, kProfStdCount, round);
       }
     }

@@ -92,12 +92,23 @@ __device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan
 // issued while the block's other warps were already storing rows over NVLink, waited 1-16 us
 // behind their stores, delaying that warp's own rows).
 
-// True when entry k of a token (`row`: its top-k ids) is the token's first entry of expert e (a
-// token listing an expert twice counts once there).
-__device__ __forceinline__ bool FirstEntry(const int32_t* row, int k, int e) {
-  for (int j = 0; j < k; ++j)
-    if (row[j] == e) return false;
-  return true;
+// s_cnt[e] += tokens [0, n) of `ids` (their top-k ids) routed to expert e, a token listing e twice
+// counted once; one thread per top-k entry, kCountUnroll entries per thread in flight (one memory
+// round trip for up to blockDim * kCountUnroll entries: the block of the last of 128 tokens counts
+// 127 x 8 with 128 threads). Called by every thread; the caller's barrier orders the counts.
+__device__ __forceinline__ void CountFirstEntries(const EpKernelArgs& a, int32_t* s_cnt, const int32_t* ids, int n) {
+  constexpr int kCountUnroll = 8;
+  const int topk = a.geo.topk, ne = a.geo.num_experts, T = blockDim.x, entries = n * topk;
+  for (int i0 = threadIdx.x; i0 < entries; i0 += T * kCountUnroll) {
+    int ev[kCountUnroll];
+#pragma unroll
+    for (int u = 0; u < kCountUnroll; ++u) ev[u] = i0 + u * T < entries ? ids[i0 + u * T] : -1;
+#pragma unroll
+    for (int u = 0; u < kCountUnroll; ++u) {
+      const int i = i0 + u * T, e = ev[u], k = i % topk;
+      if (e >= 0 && e < ne && FirstEntryOf(ids + (i - k), k, e) == k) atomicAdd(s_cnt + e, 1);
+    }
+  }
 }
 
 // Before the block's first round: s_cnt[e] = this rank's tokens before `begin` routed to expert
@@ -107,22 +118,10 @@ __device__ __forceinline__ bool FirstEntry(const int32_t* row, int k, int e) {
 __device__ __forceinline__ void StdFusedStart(const EpKernelArgs& a, const int32_t* ids, int begin, uint32_t parity,
                                               int32_t* s_cnt) {
   const EpGeometry& g = a.geo;
-  const int ne = g.num_experts, words = g.tok_words, topk = g.topk, tid = threadIdx.x, T = blockDim.x;
+  const int ne = g.num_experts, words = g.tok_words, tid = threadIdx.x, T = blockDim.x;
   for (int e = tid; e < ne; e += T) s_cnt[e] = 0;
   __syncthreads();
-  // kCountUnroll entries per thread in flight: one memory round trip for up to T * kCountUnroll
-  // entries (the block of the last of 128 tokens counts 127 x 8 with 128 threads)
-  constexpr int kCountUnroll = 8;
-  for (int i0 = tid; i0 < begin * topk; i0 += T * kCountUnroll) {
-    int ev[kCountUnroll];
-#pragma unroll
-    for (int u = 0; u < kCountUnroll; ++u) ev[u] = i0 + u * T < begin * topk ? ids[i0 + u * T] : -1;
-#pragma unroll
-    for (int u = 0; u < kCountUnroll; ++u) {
-      const int i = i0 + u * T, e = ev[u], k = i % topk;
-      if (e >= 0 && e < ne && FirstEntry(ids + (i - k), k, e)) atomicAdd(s_cnt + e, 1);
-    }
-  }
+  CountFirstEntries(a, s_cnt, ids, begin);
   uint32_t* other = a.std.plan_bits + static_cast<size_t>(parity ^ 1) * ne * words;
   const int stale = a.buf.sync->plan_words[parity ^ 1];
   const int gtid = blockIdx.x * T + tid, gthreads = gridDim.x * T;
@@ -159,18 +158,6 @@ __device__ __forceinline__ void StdRankRound(const EpKernelArgs& a, const uint32
   }
 }
 
-// Adds round [r0, r0 + cnt)'s tokens to s_cnt, after every read of the round's ranking (the
-// caller's barriers order it before the next round's ranking and the count export).
-__device__ __forceinline__ void StdCountRound(const EpKernelArgs& a, int32_t* s_cnt, const int32_t* ids, int r0,
-                                              int cnt) {
-  const int topk = a.geo.topk, ne = a.geo.num_experts;
-  const int32_t* round_ids = ids + static_cast<size_t>(r0) * topk;
-  for (int i = threadIdx.x; i < cnt * topk; i += blockDim.x) {
-    const int e = round_ids[i], k = i % topk;
-    if (e >= 0 && e < ne && FirstEntry(round_ids + (i - k), k, e)) atomicAdd(s_cnt + e, 1);
-  }
-}
-
 // The expand of dispatch_standard_moe (StdExpandKernel, or the tail of the one-launch dispatch),
 // once this rank's dispatch of `round` has waited for every source: every received row to each of
 // its distinct local experts' [expert][position] slots. position = rows that earlier sources send
@@ -184,18 +171,19 @@ __device__ __forceinline__ void StdCountRound(const EpKernelArgs& a, int32_t* s_
 // that row's local experts. A row has 1 to topk local experts (2.2 on average at EP4, top-8 of
 // 256), so items of one row each were as uneven as that; a group of rows evens the stores out,
 // and the batched loads wait for memory once per batch instead of once per row (#31 round 10).
-constexpr int kExpandBatch = 4;  // rows whose slices a lane holds at once (kUnroll vectors each)
+constexpr int kExpandBatch = 4;   // rows whose slices a lane holds at once
+constexpr int kExpandUnroll = 4;  // 16-byte vectors of each row a lane holds per pass
 
-// Vectors [v0 + lane + u * warp size] (u < 4, below v1) of received rows [first, first + nb) into
+// Vectors [v0 + lane + u * warp size] (u < kExpandUnroll, below v1) of received rows [first, first + nb) into
 // xv[b][u]: one pass of the expand over a batch of rows.
 __device__ __forceinline__ void LoadExpandBatch(const EpKernelArgs& a, int row_bytes, int first, int nb, int v0, int v1,
-                                                int lane, int4 (&xv)[kExpandBatch][4]) {
+                                                int lane, int4 (&xv)[kExpandBatch][kExpandUnroll]) {
 #pragma unroll
   for (int b = 0; b < kExpandBatch; ++b) {
     if (b >= nb) break;
     const int4* src = reinterpret_cast<const int4*>(a.buf.dispatch_out + static_cast<size_t>(first + b) * row_bytes);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kExpandUnroll; ++u) {
       const int v = v0 + lane + u * kWarpSize;
       if (v < v1) xv[b][u] = LoadPeer(src + v);
     }
@@ -231,7 +219,7 @@ __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_byt
   const int nwarps = T / kWarpSize;
   // consecutive items on different SMs: with fewer items than warps every SM still gets some
   const int gwarp = (tid / kWarpSize) * gridDim.x + blockIdx.x, total_warps = gridDim.x * nwarps;
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = kExpandUnroll;
   // slices: enough items for every warp, none shorter than one full pass of the warp's lanes
   int parts = max(1, total_warps / max(groups, 1));
   parts = min(parts, max(1, vecs / (kWarpSize * kUnroll)));
