@@ -6,9 +6,11 @@ with the benchmark's shape (hidden 7168, top-8 of 256 experts, AUTO launch table
 DTYPE (bf16, or fp8 with 56 fp32 scales per token as `bench ep`) and, for bf16, the default
 combine of its rows, and prints per rank, for the last calls: every phase's span over all warps (first begin,
 last end, relative to the rank's first warp) and the median warp's duration. Each call is
-synchronised on the host before the next (so no call waits for a previous one).
+synchronised on the host before the next (so no call waits for a previous one); with --graph the
+calls run back to back in one CUDA graph replay instead, as the bench's graph figures run them
+(the rounds' "start" fields then give the period between calls).
 
-    PYTHONPATH=/tmp/prof_site python3 tools/gpu/ep_phases.py [--world 4] [--dtype fp8] [--std] [--blocks] 128 512
+    PYTHONPATH=/tmp/prof_site python3 tools/gpu/ep_phases.py [--world 4] [--dtype fp8] [--std] [--blocks] [--graph] 128 512
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def _block_lines(sel: list, t0: int) -> list[str]:
 
 
 def _rank(rank: int, world: int, port: int, dtype: str, tokens: list[int], calls: int, std: bool,
-          blocks: bool) -> None:
+          blocks: bool, graph: bool) -> None:
     os.environ.setdefault("MORI_EP_LAUNCH_CONFIG_MODE", "AUTO")
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -110,9 +112,22 @@ def _rank(rank: int, world: int, port: int, dtype: str, tokens: list[int], calls
             one(False)
         torch.cuda.synchronize()
         dist.barrier()
-        op.reset_debug_time_buf()
-        for _ in range(calls):
-            one(True)
+        if graph:  # back-to-back calls as the bench's graph replays make them, no host step between
+            g_calls = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g_calls):
+                for _ in range(calls):
+                    one(False)
+            g_calls.replay()
+            torch.cuda.synchronize()
+            dist.barrier()
+            op.reset_debug_time_buf()
+            g_calls.replay()
+            torch.cuda.synchronize()
+            dist.barrier()
+        else:
+            op.reset_debug_time_buf()
+            for _ in range(calls):
+                one(True)
         spans, dropped = parse_trace(op.get_debug_time_buf())
         lines = []
         grid = {k: (f"{p.block_num}x{p.warp_per_block}" if p is not None else "-")
@@ -156,6 +171,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=29611)
     ap.add_argument("--std", action="store_true", help="dispatch_standard_moe instead of dispatch (no combine)")
     ap.add_argument("--blocks", action="store_true", help="per-block quantiles of the dispatch's phases")
+    ap.add_argument("--graph", action="store_true",
+                    help="the calls back to back in one CUDA graph replay (no host sync between them)")
     ap.add_argument("--std-path", type=int, choices=(0, 1, 2), default=None,
                     help="MORI_EP_STD_FUSED for the op (0: three launches, 1: two, 2: one)")
     a = ap.parse_args()
@@ -163,7 +180,7 @@ def main() -> None:
         os.environ["MORI_EP_STD_FUSED"] = str(a.std_path)
     if a.world > torch.cuda.device_count():
         raise SystemExit(f"--world {a.world}: only {torch.cuda.device_count()} GPUs visible (one rank per GPU)")
-    mp.spawn(_rank, args=(a.world, a.port, a.dtype, a.tokens, a.calls, a.std, a.blocks), nprocs=a.world, join=True)
+    mp.spawn(_rank, args=(a.world, a.port, a.dtype, a.tokens, a.calls, a.std, a.blocks, a.graph), nprocs=a.world, join=True)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ __device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) {
 __device__ __forceinline__ void RedAddSys(uint32_t* p, uint32_t v) {
   (void)__hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+// ORs without returning: bits this device reads later.
+__device__ __forceinline__ void RedOrGpu(uint32_t* p, uint32_t v) {
+  (void)__hip_atomic_fetch_or(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
 // Converges the wavefront and orders its lanes' memory operations (HIP has no __syncwarp).
 __device__ __forceinline__ void SyncWarp() { __builtin_amdgcn_wave_barrier(); }
@@ -94,6 +98,10 @@ __device__ __forceinline__ int32_t AtomicAddSys(int32_t* p, int32_t v) { return 
 // Adds without returning (fire and forget): a remote arrival count.
 __device__ __forceinline__ void RedAddSys(uint32_t* p, uint32_t v) {
   asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// ORs without returning (no reply for the thread to wait on): bits this device reads later.
+__device__ __forceinline__ void RedOrGpu(uint32_t* p, uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.or.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
 __device__ __forceinline__ void SyncWarp() { __syncwarp(); }

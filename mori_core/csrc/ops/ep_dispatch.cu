@@ -121,12 +121,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   // kRank: this dispatch's token bitmaps (parity of the standard-MoE dispatches so far)
   const uint32_t plan_parity = kRank ? (st->std_plans & 1) : 0;
   uint32_t* plan_bits = a.std.plan_bits + static_cast<size_t>(plan_parity) * g.num_experts * g.tok_words;
-  if constexpr (kRank) {
-    MORI_PROF_BEGIN(a, kProfStdPlan, round);
-    // blocks without tokens count none; the route's first barrier orders the counts
-    StdFusedStart(a, p.indices, begin < end ? begin : 0, plan_parity, s_cnt);
-    MORI_PROF_END(a, kProfStdPlan, round);
-  }
+  if constexpr (kRank) StdFusedStart(a, plan_parity, s_cnt);  // blocks without tokens export zeros
 
   for (int r0 = begin; r0 < end; r0 += T) {
     MORI_PROF_BEGIN(a, kProfDispatchRoute, round);
@@ -138,15 +133,14 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       const int32_t* ids = p.indices + static_cast<size_t>(r0 + tid) * g.topk;
       for (int k = 0; k < g.topk; ++k) {
         const int e = ids[k];
-        if (e >= 0 && e < g.num_experts) {
-          mask |= 1u << (e / g.experts_per_rank);
-          if constexpr (kRank)
-            atomicOr(plan_bits + static_cast<size_t>(e) * g.tok_words + ((r0 + tid) >> 5), 1u << ((r0 + tid) & 31));
-        }
+        if (e >= 0 && e < g.num_experts) mask |= 1u << (e / g.experts_per_rank);
       }
       a.buf.token_mask[r0 + tid] = mask;
     }
-    if constexpr (kRank) MORI_PROF_END(a, kProfStdBits, round);
+    if constexpr (kRank) {
+      StdSetRoundBits(a, plan_bits, p.indices, r0, cnt);
+      MORI_PROF_END(a, kProfStdBits, round);
+    }
     s_mask[tid] = mask;
     {  // the rows start moving into L2 while the slot reservation below is in flight
       const uint8_t* rows = p.input + static_cast<size_t>(r0) * p.row_bytes;
@@ -174,6 +168,12 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       reserved = run > 0 ? AtomicAddSys(Peer(a, counter, tid), run) : 0;
     }
     if constexpr (kRank) {
+      if (r0 == begin) {  // uniform: the tokens before this block, counted while the reservations fly
+        MORI_PROF_BEGIN(a, kProfStdPlan, round);
+        CountFirstEntries(a, s_cnt, p.indices, begin);
+        __syncthreads();
+        MORI_PROF_END(a, kProfStdPlan, round);
+      }
       MORI_PROF_BEGIN(a, kProfStdRank, round);
       StdRankRound(a, plan_bits, s_cnt, p.indices, r0, cnt, s_rel);
       MORI_PROF_END(a, kProfStdRank, round);

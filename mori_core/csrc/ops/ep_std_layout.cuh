@@ -90,42 +90,86 @@ __device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan
 // eight threads at once, and the loads of a token's ids are coalesced (#31 round 10: one thread
 // per token spent ~3 us on its entries' dependent loads, and the count update after the ranking,
 // issued while the block's other warps were already storing rows over NVLink, waited 1-16 us
-// behind their stores, delaying that warp's own rows).
+// behind their stores, delaying that warp's own rows). The count of the tokens before the block
+// runs in its first round between issuing the slot reservations and reading them. Counted before
+// the route (round 10), it took up to 5 us in the blocks of the last tokens, so those blocks
+// reserved and started their rows late (copies began at 6-14 us, against 3-4 us in the 2-D
+// dispatch). It still takes up to ~4 us there (profiler, EP4 x 128, #31 round 11), now beside the
+// reservation's round trip: the copies begin at 5-8 us.
 
 // s_cnt[e] += tokens [0, n) of `ids` (their top-k ids) routed to expert e, a token listing e twice
-// counted once; one thread per top-k entry, kCountUnroll entries per thread in flight (one memory
-// round trip for up to blockDim * kCountUnroll entries: the block of the last of 128 tokens counts
-// 127 x 8 with 128 threads). Called by every thread; the caller's barrier orders the counts.
+// counted once; one lane per top-k entry, kCountUnroll entries per lane in flight (one memory round
+// trip for up to blockDim * kCountUnroll entries: the block of the last of 128 tokens counts 127 x 8
+// with 128 threads), each warp's loads one coalesced run of entries. When topk divides the warp
+// size a token's entries sit in consecutive lanes of one warp (every warp starts on a token), so
+// repeats are found by shuffles instead of reloading the token's earlier ids; otherwise each entry
+// rereads them. Called by every thread; the caller's barrier orders the counts.
 __device__ __forceinline__ void CountFirstEntries(const EpKernelArgs& a, int32_t* s_cnt, const int32_t* ids, int n) {
   constexpr int kCountUnroll = 8;
-  const int topk = a.geo.topk, ne = a.geo.num_experts, T = blockDim.x, entries = n * topk;
-  for (int i0 = threadIdx.x; i0 < entries; i0 += T * kCountUnroll) {
+  const int topk = a.geo.topk, ne = a.geo.num_experts, T = blockDim.x, entries = n * topk, lane = LaneId();
+  const bool by_shuffle = kWarpSize % topk == 0;
+  for (int w0 = static_cast<int>(threadIdx.x) - lane; w0 < entries; w0 += T * kCountUnroll) {  // uniform per warp
     int ev[kCountUnroll];
 #pragma unroll
-    for (int u = 0; u < kCountUnroll; ++u) ev[u] = i0 + u * T < entries ? ids[i0 + u * T] : -1;
+    for (int u = 0; u < kCountUnroll; ++u) {
+      const int i = w0 + u * T + lane;
+      ev[u] = i < entries ? ids[i] : -1;
+    }
 #pragma unroll
     for (int u = 0; u < kCountUnroll; ++u) {
-      const int i = i0 + u * T, e = ev[u], k = i % topk;
-      if (e >= 0 && e < ne && FirstEntryOf(ids + (i - k), k, e) == k) atomicAdd(s_cnt + e, 1);
+      if (w0 + u * T >= entries) break;  // uniform per warp: the shuffles below see every lane
+      const int i = w0 + u * T + lane, e = ev[u], k = i % topk;
+      bool first;
+      if (by_shuffle) {
+        bool dup = false;
+        for (int d = 1; d < topk; ++d) {
+          const int ed = ShflUp(e, d);  // every lane shuffles (no short-circuit around it)
+          dup |= k >= d && ed == e;
+        }
+        first = !dup;
+      } else {
+        first = e >= 0 && FirstEntryOf(ids + (i - k), k, e) == k;
+      }
+      if (e >= 0 && e < ne && first) atomicAdd(s_cnt + e, 1);
     }
   }
 }
 
-// Before the block's first round: s_cnt[e] = this rank's tokens before `begin` routed to expert
-// e, and the other parity's bitmap words that its last use set are cleared (the next
-// dispatch_standard_moe sets bits there). No barrier at the end: the caller's next barrier (the
-// route's, before the ranking reads s_cnt) orders the counts.
-__device__ __forceinline__ void StdFusedStart(const EpKernelArgs& a, const int32_t* ids, int begin, uint32_t parity,
-                                              int32_t* s_cnt) {
+// Before the block's first round: s_cnt zeroed (the first round adds the tokens before the block
+// while its slot reservations are in flight, DispatchKernel), and the other parity's bitmap words
+// that its last use set are cleared (the next dispatch_standard_moe sets bits there).
+__device__ __forceinline__ void StdFusedStart(const EpKernelArgs& a, uint32_t parity, int32_t* s_cnt) {
   const EpGeometry& g = a.geo;
   const int ne = g.num_experts, words = g.tok_words, tid = threadIdx.x, T = blockDim.x;
   for (int e = tid; e < ne; e += T) s_cnt[e] = 0;
   __syncthreads();
-  CountFirstEntries(a, s_cnt, ids, begin);
   uint32_t* other = a.std.plan_bits + static_cast<size_t>(parity ^ 1) * ne * words;
   const int stale = a.buf.sync->plan_words[parity ^ 1];
   const int gtid = blockIdx.x * T + tid, gthreads = gridDim.x * T;
   for (int i = gtid; i < ne * stale; i += gthreads) other[static_cast<size_t>(i / stale) * words + i % stale] = 0;
+}
+
+// The round's tokens [r0, r0 + cnt) into the per-expert token bitmaps `bits` (bit t of expert e's
+// words: token t lists e), one thread per top-k entry: every entry's id is requested before any
+// bit is set, and the bits are set without a reply. Before, the thread of a token loaded an id and
+// set its bit by a returning atomic eight times in a row: up to 3.0 us in the EP4 x 128 profile,
+// 2.4 us this way (#31 round 11).
+__device__ __forceinline__ void StdSetRoundBits(const EpKernelArgs& a, uint32_t* bits, const int32_t* ids, int r0,
+                                                int cnt) {
+  constexpr int kBitsUnroll = 8;
+  const int topk = a.geo.topk, ne = a.geo.num_experts, words = a.geo.tok_words, T = blockDim.x;
+  const int entries = cnt * topk;
+  const int32_t* round_ids = ids + static_cast<size_t>(r0) * topk;
+  for (int i0 = threadIdx.x; i0 < entries; i0 += T * kBitsUnroll) {
+    int ev[kBitsUnroll];
+#pragma unroll
+    for (int u = 0; u < kBitsUnroll; ++u) ev[u] = i0 + u * T < entries ? round_ids[i0 + u * T] : -1;
+#pragma unroll
+    for (int u = 0; u < kBitsUnroll; ++u) {
+      const int e = ev[u], t = r0 + (i0 + u * T) / topk;
+      if (e >= 0 && e < ne) RedOrGpu(bits + static_cast<size_t>(e) * words + (t >> 5), 1u << (t & 31));
+    }
+  }
 }
 
 // Set bits [lo, hi) of a bitmap that other blocks may still be setting outside that range.
