@@ -21,6 +21,7 @@ What stands in for the GPU on this CPU machine (and nothing else):
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import traceback
 from types import SimpleNamespace
@@ -109,7 +110,11 @@ def _route_v1_engine_to_reference(ep_group: Any) -> None:
     mori.ops.EpDispatchCombineOp = lambda cfg: ReferenceEpDispatchCombineOp(cfg, group=ep_group)
 
 
-def setup_sglang(rank: int, world: int, port: int) -> Any:
+# Every gloo collective fails after this long instead of torch's 30 minutes (a rank that missed one).
+COLLECTIVE_TIMEOUT_S = 150
+
+
+def setup_sglang(rank: int, world: int, init_method: str) -> Any:
     """Plugins, gloo world, SGLang's tp GroupCoordinator and MoE flags; returns the group."""
     from sglang.srt.plugins import load_plugins
 
@@ -119,8 +124,8 @@ def setup_sglang(rank: int, world: int, port: int) -> Any:
     from sglang.srt.runtime_context import get_flags, get_parallel
 
     init_distributed_environment(
-        world_size=world, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=rank,
-        backend="gloo",
+        world_size=world, rank=rank, distributed_init_method=init_method, local_rank=rank, backend="gloo",
+        timeout=COLLECTIVE_TIMEOUT_S,
     )
     tp = init_model_parallel_group(
         [list(range(world))], rank, "gloo", use_pynccl=False, use_custom_allreduce=False, group_name="tp",
@@ -195,14 +200,21 @@ CASES = {
 }
 
 
-def rank_main(rank: int, world: int, port: int, path: str, cases: list, seed: int, results: Any) -> None:
-    """Process entry: one EP path ("v1" or "v2"), every case in ``cases``; puts (rank, dict, error)."""
+# A rank still running after this long prints every thread's stack to stderr (once), so that a
+# hang shows where it waits before test_moe_ep gives up on the rank (RESULT_TIMEOUT_S).
+STACKS_AFTER_S = 200
+
+
+def rank_main(rank: int, world: int, init_method: str, path: str, cases: list, seed: int, results: Any) -> None:
+    """Process entry: one EP path ("v1" or "v2"), every case in ``cases``, the gloo world met through
+    ``init_method``; puts (rank, dict, error)."""
+    faulthandler.dump_traceback_later(STACKS_AFTER_S, repeat=False)
     out: dict = {}
     try:
         os.environ["SGLANG_MORI_EP_V2"] = "true" if path == "v2" else "false"
         os.environ["SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK"] = str(MAX_TOKENS)
         _cpu_device_shims()
-        tp = setup_sglang(rank, world, port)
+        tp = setup_sglang(rank, world, init_method)
         if path == "v1":
             _route_v1_engine_to_reference(tp.cpu_group)
         for name in cases:
@@ -219,3 +231,5 @@ def rank_main(rank: int, world: int, port: int, path: str, cases: list, seed: in
         results.put((rank, out, None))
     except BaseException:
         results.put((rank, out, traceback.format_exc()))
+    finally:
+        faulthandler.cancel_dump_traceback_later()

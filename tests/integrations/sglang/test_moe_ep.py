@@ -10,8 +10,9 @@ combine wire.
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
+import queue
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,20 +32,20 @@ PATH_CASES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+RESULT_TIMEOUT_S = 240  # per rank result; both paths take ~15 s each on a 2-core machine
 
 
 def _run_path(path: str) -> dict:
-    from moe_ep_rank import rank_main
+    from moe_ep_rank import STACKS_AFTER_S, rank_main
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    # The ranks meet through a file, not a TCP port picked here and bound seconds later by the
+    # spawned rank 0 (another process may take that port in between).
+    rendezvous = tempfile.TemporaryDirectory(prefix="mori_moe_ep_")
+    init_method = f"file://{rendezvous.name}/store"
     procs = [
-        ctx.Process(target=rank_main, args=(r, WORLD, port, path, PATH_CASES[path], SEED, q), daemon=True)
+        ctx.Process(target=rank_main, args=(r, WORLD, init_method, path, PATH_CASES[path], SEED, q), daemon=True)
         for r in range(WORLD)
     ]
     for p in procs:
@@ -52,7 +53,17 @@ def _run_path(path: str) -> dict:
     got, errors = {}, []
     try:
         for _ in range(WORLD):
-            rank, out, err = q.get(timeout=240)
+            try:
+                rank, out, err = q.get(timeout=RESULT_TIMEOUT_S)
+            except queue.Empty:
+                # Name the silent ranks and keep what the others reported (a rank that failed early
+                # leaves its peer waiting); a hung rank printed its stacks to stderr (STACKS_AFTER_S).
+                missing = sorted(set(range(WORLD)) - set(got))
+                codes = {r: p.exitcode for r, p in enumerate(procs)}
+                raise AssertionError(
+                    f"{path}: no result from rank(s) {missing} within {RESULT_TIMEOUT_S} s (exit codes {codes}; "
+                    f"a rank still running printed its stacks to stderr after {STACKS_AFTER_S} s)"
+                    + "".join(f"\n{e}" for e in errors)) from None
             got[rank] = out
             if err:
                 errors.append(f"rank {rank}:\n{err}")
@@ -61,6 +72,7 @@ def _run_path(path: str) -> dict:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+        rendezvous.cleanup()
     assert not errors, "\n".join(errors)
     return got
 
