@@ -7,11 +7,13 @@
 // two barriers) with the ids cached in L2 ("warm") and after a 256 MiB write evicted them
 // ("cold").
 //
-//   nvcc -O3 -arch=sm_90 -o /tmp/std_count_probe tools/gpu/std_count_probe.cu && /tmp/std_count_probe
+//   nvcc -O3 -arch=sm_90 -std=c++17 -I mori_core/csrc -DMORI_WITH_GPU=1 -DMORI_WITH_CUDA=1 \
+//     -o /tmp/std_count_probe tools/gpu/std_count_probe.cu && /tmp/std_count_probe
 //
 // Variants (every one stores what it computed, so nothing is optimised away):
-//   shuffle   the dispatch's CountFirstEntries: lane per entry, 8 loads in flight, repeats of an
-//             expert within a token found by shuffles, shared-memory atomicAdd per first entry
+//   shuffle   the dispatch's own CountFirstEntries (ops/ep_std_layout.cuh): lane per entry, 8 loads
+//             in flight, repeats of an expert within a token found by shuffles, shared-memory
+//             atomicAdd per first entry
 //   reload    round 10's version: repeats found by reloading the token's earlier ids
 //   no_dedup  loads and shared-memory atomics, no repeat check
 //   loads     the loads alone (XOR of the ids)
@@ -23,6 +25,8 @@
 //   peer_atomic_rtt  that peer atomic alone, its reply awaited before the closing barrier (the
 //             round trip the count would hide behind)
 #include <cuda_runtime.h>
+
+#include "ops/ep_std_layout.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -52,8 +56,8 @@ const char* kNames[kNumVariants] = {"shuffle", "reload", "no_dedup", "loads", "l
                                     "after_peer_atomic", "peer_atomic_rtt"};
 
 template <int V>
-__global__ void __launch_bounds__(kThreads) CountKernel(const int32_t* ids, int32_t* out, uint64_t* dur,
-                                                        int* counter) {
+__global__ void __launch_bounds__(kThreads) CountKernel(mori::ep::EpKernelArgs a, const int32_t* ids, int32_t* out,
+                                                        uint64_t* dur, int* counter) {
   __shared__ int32_t s_cnt[kExperts];
   const int tid = threadIdx.x, lane = tid & 31, T = blockDim.x;
   for (int e = tid; e < kExperts; e += T) s_cnt[e] = 0;
@@ -66,6 +70,8 @@ __global__ void __launch_bounds__(kThreads) CountKernel(const int32_t* ids, int3
   }
   if constexpr (V == kPeerRtt) {
     if (acc == -12345) s_cnt[0] = 1;  // waits for the reply
+  } else if constexpr (V == kShuffle || V == kAfterLocal || V == kAfterPeer) {
+    mori::ep::dev::CountFirstEntries(a, s_cnt, ids, blockIdx.x);
   } else if constexpr (V == kLoadsV4) {
     const int4* v = reinterpret_cast<const int4*>(ids);
     for (int i0 = tid; i0 < entries / 4; i0 += T * kUnroll) {
@@ -91,14 +97,7 @@ __global__ void __launch_bounds__(kThreads) CountKernel(const int32_t* ids, int3
           acc ^= e;
         } else {
           bool first = true;
-          if constexpr (V == kShuffle || V == kAfterLocal || V == kAfterPeer) {
-            bool dup = false;
-            for (int d = 1; d < kTopk; ++d) {
-              const int ed = __shfl_up_sync(0xffffffffu, e, d);
-              dup |= k >= d && ed == e;
-            }
-            first = !dup;
-          } else if constexpr (V == kReload) {
+          if constexpr (V == kReload) {
             if (e >= 0) {
               for (int j = 0; j < k; ++j)
                 if (ids[i - k + j] == e) {
@@ -123,7 +122,11 @@ int* g_peer_counter = nullptr;  // on GPU 1, mapped for GPU 0
 
 template <int V>
 void Launch(int blocks, const int32_t* ids, int32_t* out, uint64_t* dur) {
-  CountKernel<V><<<blocks, kThreads>>>(ids, out, dur, (V == kAfterPeer || V == kPeerRtt) ? g_peer_counter : g_local_counter);
+  mori::ep::EpKernelArgs a{};  // CountFirstEntries reads the geometry's top-k and expert count only
+  a.geo.topk = kTopk;
+  a.geo.num_experts = kExperts;
+  CountKernel<V><<<blocks, kThreads>>>(a, ids, out, dur,
+                                       (V == kAfterPeer || V == kPeerRtt) ? g_peer_counter : g_local_counter);
 }
 
 int main() {
