@@ -44,10 +44,6 @@ __device__ __forceinline__ void RedOrGpu(uint32_t* p, uint32_t v) {
   (void)__hip_atomic_fetch_or(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
-__device__ __forceinline__ void FenceReleaseSys() { __threadfence_system(); }
-__device__ __forceinline__ uint32_t LoadRelaxedSysU32(const uint32_t* p) {
-  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
-}
 // Converges the wavefront and orders its lanes' memory operations (HIP has no __syncwarp).
 __device__ __forceinline__ void SyncWarp() { __builtin_amdgcn_wave_barrier(); }
 __device__ __forceinline__ void Backoff(uint32_t ns) {
@@ -72,12 +68,6 @@ __device__ __forceinline__ int32_t LoadRelaxedSys(const int32_t* p) {
 __device__ __forceinline__ uint2 LoadPeer8(const uint2* p) { return *p; }
 __device__ __forceinline__ float LoadPeerF(const float* p) { return *p; }
 __device__ __forceinline__ void Store8(uint2* p, uint2 v) { *p = v; }
-// 16 bytes a peer stored while this kernel runs, read past the (non-coherent) L1: a line cached
-// there for a neighbouring row may predate them. volatile loads are glc on gfx9.
-__device__ __forceinline__ int4 LoadFresh(const int4* p) {
-  const volatile int* q = reinterpret_cast<const volatile int*>(p);
-  return make_int4(q[0], q[1], q[2], q[3]);
-}
 #else
 constexpr int kWarpSize = 32;
 using LaneMask = uint32_t;
@@ -114,16 +104,6 @@ __device__ __forceinline__ void RedOrGpu(uint32_t* p, uint32_t v) {
   asm volatile("red.relaxed.gpu.global.or.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ void FenceSys() { __threadfence_system(); }
-// Orders this thread's earlier writes (and those it observed) before its later ones at system
-// scope, without the sequentially consistent fence's extra cost: the release half of a flag.
-__device__ __forceinline__ void FenceReleaseSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-// A flag polled many times: a strong load without the L1 invalidation an acquire load brings
-// (confirm the final value with LoadAcquireSys).
-__device__ __forceinline__ uint32_t LoadRelaxedSysU32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ void SyncWarp() { __syncwarp(); }
 // Polling backoff: a tight spin of many threads on one flag floods the L2
 // slice that also absorbs the peers' incoming NVLink writes.
@@ -177,16 +157,6 @@ __device__ __forceinline__ float LoadPeerF(const float* p) {
 }
 __device__ __forceinline__ void Store8(uint2* p, uint2 v) {
   asm volatile("st.global.L1::no_allocate.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
-}
-// 16 bytes a peer stored while this kernel runs, read from L2 (ld.cg): an L1 line cached for a
-// neighbouring row may predate them.
-__device__ __forceinline__ int4 LoadFresh(const int4* p) {
-  int4 v;
-  asm volatile("ld.global.cg.v4.s32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
 }
 #endif
 

@@ -147,16 +147,4 @@ __device__ __forceinline__ void CopySmall(uint8_t* dst, const uint8_t* src, int 
   }
 }
 
-// CopySmall of bytes a peer stored while this kernel runs: volatile reads go past the
-// non-coherent L1 (a line cached there for a neighbouring row may predate them).
-__device__ __forceinline__ void CopySmallFresh(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
-  const uintptr_t align = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes;
-  if ((align & 3) == 0) {
-    for (int i = lane; i < bytes / 4; i += kWarpSize)
-      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const volatile uint32_t*>(src)[i];
-  } else {
-    for (int i = lane; i < bytes; i += kWarpSize) dst[i] = reinterpret_cast<const volatile uint8_t*>(src)[i];
-  }
-}
-
 }  // namespace mori::ep::dev

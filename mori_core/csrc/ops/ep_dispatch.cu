@@ -28,12 +28,8 @@
 // every (slot, k) of a local expert of the destination carries the row's position
 // among this rank's rows of that expert (std_rel). The expand kernel on the
 // receiving side then copies each received row to its final [local expert][row]
-// slots (rows of earlier sources first), a local copy. kStdOneLaunch runs that copy
-// in this kernel while the rows arrive (step 6): the last block of the grid sends
-// every rank this rank's per-expert counts and row counts first (StdExportTotals),
-// every sending warp adds the vectors it stored to each row's ready counter on its
-// destination after a system fence, and every block, the extra ones at once and the
-// senders once they have sent, copies rows as they complete. Storing straight into the
+// slots (rows of earlier sources first), a local copy; kStdOneLaunch runs that
+// copy as this kernel's tail instead (step 6, every block). Storing straight into the
 // 3-D layout instead would send a token once per local expert of its destination
 // (2.2x the NVLink bytes at EP4, top-8 of 256) and make every block wait for all
 // sources' counts before it could send anything.
@@ -85,12 +81,12 @@ __device__ __forceinline__ bool DispatchComplete(const EpKernelArgs& a, const Di
       st->plan_words[plan_parity ^ 1] = 0;
       st->std_plans += 1;
     }
-    if constexpr (kStd == kStdOneLaunch) {  // the sending blocks read them at their start, before arriving
-      st->ready_rows[plan_parity] = total;
-      st->ready_rows[plan_parity ^ 1] = 0;
-    }
-    st->dispatch_epoch = round;
+    if constexpr (kStd == kStdOneLaunch)
+      StoreReleaseSys(&st->dispatch_epoch, round);  // the other blocks wait for it (step 6)
+    else
+      st->dispatch_epoch = round;
   }
+  if constexpr (kStd == kStdOneLaunch) __syncthreads();  // this block's step 6 reads the totals
   MORI_PROF_END(a, kProfDispatchSignal, round);
   return true;
 }
@@ -109,9 +105,8 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   // standard MoE only: [T][topk] position of each (token, k) among this rank's rows of expert k
   int32_t* s_rel = s_base + kWorld;
   // kStdFused / kStdOneLaunch only: [num_experts] this rank's tokens before the current round, per
-  // expert; the one-launch expand reuses it as its [world][experts_per_rank] bases
+  // expert; the one-launch tail reuses it as the expand's [world][experts_per_rank] bases
   int32_t* s_cnt = s_rel + T * g.topk;
-  int32_t* s_rows = s_cnt + g.num_experts;  // kStdOneLaunch only: [kMaxWorld] (StdExportTotals)
 
   EpSyncState* st = a.buf.sync;
   if (OpFailed(a)) return;
@@ -119,39 +114,14 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   int32_t* counter = a.buf.recv_counter + (round & 1);
   constexpr int kDispatchUnroll = DispatchUnroll<kWorld>::value;
   const int world = g.world, n = p.num_tokens, vecs = p.row_bytes / 16;
-  // tokens per block; the one-launch standard-MoE dispatch has more blocks than senders (they only
-  // expand): sb is this block's index among the senders, -1 for those
+  // tokens per block; the one-launch standard-MoE dispatch has more blocks than senders (its expand tail)
   const int chunk = kStd == kStdOneLaunch ? (n + p.send_blocks - 1) / p.send_blocks : (n + gridDim.x - 1) / gridDim.x;
-  int sb = blockIdx.x, begin = min(n, static_cast<int>(blockIdx.x) * chunk);
-  if constexpr (kStd == kStdOneLaunch) {
-    sb = p.interleave ? ((blockIdx.x & 1) == 0 ? static_cast<int>(blockIdx.x) / 2 : -1)
-                      : (static_cast<int>(blockIdx.x) < p.send_blocks ? static_cast<int>(blockIdx.x) : -1);
-    begin = sb >= 0 ? min(n, sb * chunk) : n;
-  }
-  const int end = min(n, begin + chunk);
+  const int begin = min(n, static_cast<int>(blockIdx.x) * chunk), end = min(n, begin + chunk);
   const int last_block = n > 0 ? (n - 1) / chunk : 0;  // the block of the last token (block 0 without tokens)
   // kRank: this dispatch's token bitmaps (parity of the standard-MoE dispatches so far)
   const uint32_t plan_parity = kRank ? (st->std_plans & 1) : 0;
   uint32_t* plan_bits = a.std.plan_bits + static_cast<size_t>(plan_parity) * g.num_experts * g.tok_words;
   if constexpr (kRank) StdFusedStart(a, plan_parity, s_cnt);  // blocks without tokens export zeros
-  // kStdOneLaunch: this dispatch's row ready counters on this rank (peers add to them)
-  uint32_t* ready = a.std.row_ready + static_cast<size_t>(plan_parity) * g.max_recv;
-  if constexpr (kStd == kStdOneLaunch) {
-    if (tid < kMaxWorld) s_rows[tid] = 0;
-    // The other parity's counters are next added to by the peers' next standard-MoE dispatch, which
-    // follows their wait for this one's arrivals: the sending blocks clear them before arriving.
-    if (sb >= 0) {
-      uint32_t* other = a.std.row_ready + static_cast<size_t>(plan_parity ^ 1) * g.max_recv;
-      const int stale = st->ready_rows[plan_parity ^ 1];
-      for (int i = sb * T + tid; i < stale; i += p.send_blocks * T) other[i] = 0;
-    }
-    if (static_cast<int>(blockIdx.x) == static_cast<int>(gridDim.x) - 1) {
-      __syncthreads();
-      MORI_PROF_BEGIN(a, kProfStdPlan, round);
-      StdExportTotals(a, s_cnt, s_rows, p.indices, n, round);
-      MORI_PROF_END(a, kProfStdPlan, round);
-    }
-  }
 
   for (int r0 = begin; r0 < end; r0 += T) {
     MORI_PROF_BEGIN(a, kProfDispatchRoute, round);
@@ -297,30 +267,12 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
         if (lane == 0) Peer(a, a.buf.src_pos, r)[slot] = g.rank * g.max_send + static_cast<int32_t>(t);
       }
     }
-    if constexpr (kStd == kStdOneLaunch) {
-      // Lane r adds the vectors this warp stored to each row it wrote on rank r to that row's ready
-      // counter there, after a fence that orders the warp's stores (with the row's ids and positions)
-      // before them: the receiver copies a row once its counter holds all its vectors.
-      SyncWarp();
-      if (lane < world) {
-        bool fenced = false;
-        for (int item = warp; item < items; item += nwarps) {
-          const int sel = item % fan, li = (item / fan) % cnt, part = item / (fan * cnt);
-          const int slot = fan == 1 || lane == sel ? s_slot[li * kWorld + lane] : -1;
-          const int v0 = part * vpp, v1 = min(vecs, v0 + vpp);
-          if (slot < 0 || v1 <= v0) continue;
-          if (!fenced) FenceReleaseSys();
-          fenced = true;
-          RedAddSys(Peer(a, ready + slot, lane), static_cast<uint32_t>(v1 - v0));
-        }
-      }
-    }
     MORI_PROF_END(a, kProfDispatchCopy, round);
     if constexpr (kRank) {
       // The round's tokens join s_cnt only where a later read needs them: this block's next
       // round, or the count export of the block of the last token. After this warp's rows, so
       // that the update never waits behind the other warps' NVLink stores before its own.
-      if (r0 + T < end || (kStd == kStdFused && static_cast<int>(blockIdx.x) == last_block)) {
+      if (r0 + T < end || static_cast<int>(blockIdx.x) == last_block) {
         MORI_PROF_BEGIN(a, kProfStdCount, round);
         CountFirstEntries(a, s_cnt, p.indices + static_cast<size_t>(r0) * g.topk, cnt);
         MORI_PROF_END(a, kProfStdCount, round);
@@ -329,7 +281,7 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     __syncthreads();
   }
 
-  if constexpr (kStd == kStdFused) {
+  if constexpr (kRank) {
     // The block of the last token (block 0 without tokens) has counted them all: every rank gets
     // this rank's counts of its experts, ordered before the round signal by the arrival below.
     if (static_cast<int>(blockIdx.x) == last_block) {
@@ -343,26 +295,21 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   // because a peer may publish its next round's count while this rank's combine still reads this
   // one's. Block 0 writes them before its arrival, which orders them.
   if (blockIdx.x == 0 && tid < world) *Peer(a, a.buf.peer_tokens + (round & 1) * kMaxWorld + g.rank, tid) = n;
-  // Every block arrives, the ones without tokens at once: block 0 then updates the state that every
-  // block read at its start (the round, the parities) only after all have read it.
   ArriveAtPeers(a, a.buf.dispatch_flags + g.rank, world, gridDim.x);
   if (blockIdx.x == 0 && !DispatchComplete<kWorld, kStd>(a, p, round, counter, plan_parity)) return;
   if constexpr (kStd == kStdOneLaunch) {
-    // 6. the expand, every block (the extra blocks at once, the senders after their rows), as the
-    // rows arrive. Every source's counts first: they place the rows (StdExportTotals).
+    // 6. the expand (StdExpandRows) on every block once block 0 has waited for every source and
+    // published the totals. The grid is co-resident (the host sizes it), so the blocks waiting
+    // here cannot keep block 0 from running. They wait for the sources first, so that a missing
+    // peer is reported as such.
     bool ok = true;
-    if (tid < world) ok = WaitRound(a, a.buf.std_flags + tid, round, kPhaseDispatch, tid);
+    if (blockIdx.x != 0) {
+      if (tid < world) ok = WaitRound(a, a.buf.dispatch_flags + tid, round, kPhaseDispatch, tid, kArriveShift);
+      if (__syncthreads_and(ok) && tid == 0) ok = WaitRound(a, &st->dispatch_epoch, round, kPhaseDispatch, g.rank);
+    }
     if (!__syncthreads_and(ok)) return;
     MORI_PROF_BEGIN(a, kProfStdExpand, round);
-    int total = 0;  // rows this rank receives: every source's count of its tokens routed here
-    for (int s = 0; s < world; ++s) total += LoadRelaxedSys(a.std.rows_from + (round & 1) * kMaxWorld + s);
-    total = min(total, g.max_recv);  // block 0 reports an overflow; rows beyond it were never sent
-    StdExpandBases(a, round, s_cnt, blockIdx.x == 0);
-    // the extra blocks' warps take the first items (their rows arrive first), spread over SMs
-    const int extra = static_cast<int>(gridDim.x) - p.send_blocks;
-    const int eb = p.interleave ? static_cast<int>(blockIdx.x) / 2 : static_cast<int>(blockIdx.x) - p.send_blocks;
-    const int gwarp = sb < 0 ? warp * extra + eb : extra * nwarps + warp * p.send_blocks + sb;
-    StdExpandItems<true>(a, p.row_bytes, s_cnt, total, gwarp, static_cast<int>(gridDim.x) * nwarps, ready);
+    StdExpandRows(a, p.row_bytes, round, s_cnt);
     MORI_PROF_END(a, kProfStdExpand, round);
   }
 }
@@ -373,8 +320,7 @@ size_t DispatchSmemBytes(int threads, int world, int standard_moe, int num_exper
   const size_t base = static_cast<size_t>(threads) * world + threads + 32 * world + world;
   const size_t std_part = standard_moe != kStdOff ? static_cast<size_t>(threads) * topk : 0;
   const size_t fused_part = standard_moe >= kStdFused ? static_cast<size_t>(num_experts) : 0;
-  const size_t rows_part = standard_moe == kStdOneLaunch ? static_cast<size_t>(kMaxWorld) : 0;
-  return sizeof(int32_t) * (base + std_part + fused_part + rows_part);
+  return sizeof(int32_t) * (base + std_part + fused_part);
 }
 
 namespace dev {

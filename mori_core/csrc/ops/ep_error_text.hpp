@@ -75,12 +75,6 @@ inline std::string DescribeEpError(const EpErrorRecord& e, const EpErrorContext&
       os << "EP convert_dispatch_output on rank " << c.rank << ": given " << e.b << " rows but dispatch received "
          << e.a << " tokens; pass the dispatch outputs (at least total_recv rows)";
       break;
-    case kErrRowTimeout:
-      os << "EP dispatch_standard_moe on rank " << c.rank << " timed out after " << c.timeout_ms
-         << " ms waiting for received row " << e.a << " (" << e.b
-         << " 16-byte vectors of it stored): the rank sending it never finished; is it alive and calling "
-            "dispatch the same number of times? (timeout: MORI_EP_TIMEOUT_MS)";
-      break;
     default:
       os << "EP kernel on rank " << c.rank << " reported error code " << e.code;
   }

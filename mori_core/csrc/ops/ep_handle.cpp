@@ -93,8 +93,6 @@ Layout MakeStdLayout(const EpHandleConfig& c, size_t row_cap) {
   l.Add("plan_prefix", ne * words * 4);
   l.Add("conv_bits", el * c.world_size * words * 4);
   l.Add("conv_prefix", el * c.world_size * words * 4);
-  l.Add("row_ready", 2 * static_cast<size_t>(c.max_num_tokens_to_recv) * 4);
-  l.Add("rows_from", 2 * kMaxWorld * 4);
   l.Finish();
   return l;
 }
@@ -153,10 +151,6 @@ EpHandle::EpHandle(const EpHandleConfig& c) : EpHandleBase(c, kMaxWorld, KernelW
   push_overlap_reduce_blocks_ = EnvInt("MORI_EP_PUSH_OVERLAP_REDUCE_BLOCKS", 0, -1, 1 << 20);
   pull_push_tokens_ = EnvInt("MORI_EP_PULL_PUSH_TOKENS", kDefaultPullPushTokens, 0, 1 << 30);
   per_dest_min_warps_ = EnvInt("MORI_EP_DISPATCH_PER_DEST_WARPS", kDefaultPerDestWarps, -1, 1 << 30);
-  // One-launch standard-MoE dispatch: blocks that only expand (-1: about the expand kernel's warps
-  // in all), and whether they alternate with the sending blocks (1) or follow them (0).
-  std_extra_blocks_ = EnvInt("MORI_EP_STD_EXTRA_BLOCKS", -1, -1, 1 << 20);
-  std_interleave_ = EnvInt("MORI_EP_STD_INTERLEAVE", 0, 0, 1);
   g.tpe = c.world_size * c.max_num_inp_token_per_rank;
   g.tok_words = TokenWords(c);
 #if MORI_ENABLE_PROFILER
@@ -362,8 +356,6 @@ uint64_t EpHandle::EnsureStandardMoe() {
     b.plan_prefix = reinterpret_cast<int32_t*>(at("plan_prefix"));
     b.conv_bits = reinterpret_cast<uint32_t*>(at("conv_bits"));
     b.conv_prefix = reinterpret_cast<int32_t*>(at("conv_prefix"));
-    b.row_ready = reinterpret_cast<uint32_t*>(at("row_ready"));
-    b.rows_from = reinterpret_cast<int32_t*>(at("rows_from"));
   }
   return std_offset_;
 }
@@ -394,11 +386,8 @@ void EpHandle::DispatchStandardMoe(uintptr_t input, int row_bytes, int num_token
                .emplace(warps, DispatchMaxCoResidentBlocks(cfg_.world_size, kStdOneLaunch, args_.geo.num_experts,
                                                            cfg_.num_experts_per_token, warps, device_))
                .first;
-    const int want = std_extra_blocks_ < 0 ? std::max(blocks, sm_count_ * kStdExpandWarps / warps)
-                                           : blocks + std_extra_blocks_;
-    const int grid = std::max(1, std::min(it->second, want));
+    const int grid = std::max(1, std::min(it->second, std::max(blocks, sm_count_ * kStdExpandWarps / warps)));
     p.send_blocks = std::min(blocks, grid);
-    p.interleave = std_interleave_ != 0 && grid == 2 * p.send_blocks ? 1 : 0;
     LaunchDispatch(args_, p, grid, warps, s);
     return;
   }

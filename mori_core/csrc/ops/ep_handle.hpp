@@ -136,8 +136,6 @@ class EpHandle : public EpHandleBase {
   int push_reduce_blocks_ = -1;
   int32_t std_mode_ = kStdFused;  // EpStdMode of dispatch_standard_moe (MORI_EP_STD_FUSED)
   std::map<int, int> std_grid_cap_;  // warps -> co-resident blocks of the one-launch dispatch
-  int std_extra_blocks_ = -1;        // MORI_EP_STD_EXTRA_BLOCKS
-  int std_interleave_ = 0;           // MORI_EP_STD_INTERLEAVE
   int push_overlap_tokens_ = kDefaultPushOverlapTokens;  // -1: never overlapped
   int push_overlap_reduce_blocks_ = 0;
   int pull_push_tokens_ = kDefaultPullPushTokens;  // 0: pull calls always pull

@@ -202,10 +202,12 @@ __device__ __forceinline__ void StdRankRound(const EpKernelArgs& a, const uint32
   }
 }
 
-// The expand of dispatch_standard_moe (StdExpandKernel, or the one-launch dispatch's expand):
-// every received row to each of its distinct local experts' [expert][position] slots. position =
-// rows that earlier sources send to the expert (their counts, std_counts) + the row's position
-// among its own source's rows of the expert (std_rel, written by the source's dispatch).
+// The expand of dispatch_standard_moe (StdExpandKernel, or the tail of the one-launch dispatch),
+// once this rank's dispatch of `round` has waited for every source: every received row to each of
+// its distinct local experts' [expert][position] slots. position = rows that earlier sources send
+// to the expert (their counts, std_counts) + the row's position among its own source's rows of
+// the expert (std_rel, written by the source's dispatch). Block 0 writes packed_count and the
+// layout ranges. s_base: [world][experts_per_rank] shared ints.
 //
 // Work item = (group of R = warp size / topk consecutive received rows, slice of the row): lane
 // (r, k) holds row r's entry k, so one coalesced load gives the warp the R rows' ids and
@@ -213,44 +215,11 @@ __device__ __forceinline__ void StdRankRound(const EpKernelArgs& a, const uint32
 // that row's local experts. A row has 1 to topk local experts (2.2 on average at EP4, top-8 of
 // 256), so items of one row each were as uneven as that; a group of rows evens the stores out,
 // and the batched loads wait for memory once per batch instead of once per row (#31 round 10).
-//
-// kArrived (the one-launch dispatch, #31 round 12): the expand runs while the rows arrive. Each
-// item first waits until its rows are complete (row_ready: the sources' warps add the vectors they
-// stored after a system fence), and everything a source wrote during this kernel is read past L1
-// (a line cached for a neighbouring row may predate the row).
 constexpr int kExpandBatch = 4;   // rows whose slices a lane holds at once
 constexpr int kExpandUnroll = 4;  // 16-byte vectors of each row a lane holds per pass
 
-// s_base[s * epr + el] = rows that the sources before s send to local expert el (this round's
-// counts); the `writer` block also stores packed_count and the layout ranges. Called by every
-// thread; ends with a barrier.
-__device__ __forceinline__ void StdExpandBases(const EpKernelArgs& a, uint32_t round, int32_t* s_base, bool writer) {
-  const EpGeometry& g = a.geo;
-  const int epr = g.experts_per_rank, ne = g.num_experts;
-  const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * ne;
-  for (int el = threadIdx.x; el < epr; el += blockDim.x) {
-    const int e = g.rank * epr + el;
-    int c[kMaxWorld];  // every source's count requested before any is used: one round trip
-#pragma unroll
-    for (int s = 0; s < kMaxWorld; ++s) c[s] = s < g.world ? LoadRelaxedSys(counts + static_cast<size_t>(s) * ne + e) : 0;
-    int run = 0;
-#pragma unroll
-    for (int s = 0; s < kMaxWorld; ++s) {
-      if (s >= g.world) break;
-      s_base[s * epr + el] = run;
-      if (writer)
-        a.std.layout_range[static_cast<size_t>(el) * g.world + s] =
-            static_cast<int64_t>(static_cast<uint32_t>(c[s])) | (static_cast<int64_t>(run) << 32);
-      run += c[s];
-    }
-    if (writer) a.std.packed_count[el] = run;
-  }
-  __syncthreads();
-}
-
 // Vectors [v0 + lane + u * warp size] (u < kExpandUnroll, below v1) of received rows [first, first + nb) into
 // xv[b][u]: one pass of the expand over a batch of rows.
-template <bool kArrived>
 __device__ __forceinline__ void LoadExpandBatch(const EpKernelArgs& a, int row_bytes, int first, int nb, int v0, int v1,
                                                 int lane, int4 (&xv)[kExpandBatch][kExpandUnroll]) {
 #pragma unroll
@@ -260,84 +229,59 @@ __device__ __forceinline__ void LoadExpandBatch(const EpKernelArgs& a, int row_b
 #pragma unroll
     for (int u = 0; u < kExpandUnroll; ++u) {
       const int v = v0 + lane + u * kWarpSize;
-      if (v < v1) xv[b][u] = kArrived ? LoadFresh(src + v) : LoadPeer(src + v);
+      if (v < v1) xv[b][u] = LoadPeer(src + v);
     }
   }
 }
 
-// A received row's metadata (source index, ids, positions), read past L1 when written during this kernel.
-template <bool kArrived>
-__device__ __forceinline__ int32_t LoadRowMeta(const int32_t* p) {
-  return kArrived ? LoadRelaxedSys(p) : *p;
-}
-
-// Waits (bounded) until received rows [first, first + n) hold all `vecs` vectors each (lane r
-// polls row first + r, n <= warp size). Called by every lane; false, on every lane, after a timeout
-// (reported) or when the op failed. Hundreds of warps poll while the sources' rows still stream
-// in, so the polls are relaxed loads with short sleeps (an acquire load also invalidates the SM's
-// L1, which the co-resident sending block reads through); one acquire load confirms the count.
-__device__ __forceinline__ bool WaitRowsReady(const EpKernelArgs& a, const uint32_t* ready, int first, int n,
-                                              uint32_t vecs) {
-  const int lane = LaneId();
-  bool ok = true;
-  if (lane < n) {
-    const uint32_t* flag = ready + first + lane;
-    if (!ReachedRound(LoadRelaxedSysU32(flag), vecs)) {
-      const uint64_t t0 = GlobalTimerNs();
-      // short sleeps: rows arrive within microseconds of each other, and a late wake delays the copy
-      while (!ReachedRound(LoadRelaxedSysU32(flag), vecs)) {
-        Backoff(128);
-        if (*reinterpret_cast<volatile int32_t*>(&a.buf.sync->failed) != 0) {
-          ok = false;
-          break;
-        }
-        if (GlobalTimerNs() - t0 > a.geo.timeout_ns) {
-          ReportError(a, kErrRowTimeout, kPhaseDispatch, -1, first + lane,
-                      static_cast<int64_t>(LoadRelaxedSysU32(flag)));
-          ok = false;
-          break;
-        }
-      }
-    }
-    if (ok) LoadAcquireSys(flag);  // the count reached: order the row's reads after it
-  }
-  return Ballot(!ok) == 0;
-}
-
-// The items of the expand: received rows [0, total), bases in s_base (StdExpandBases); this warp
-// takes items gwarp, gwarp + total_warps, ... `ready`: kArrived only (this dispatch's row_ready).
-template <bool kArrived>
-__device__ __forceinline__ void StdExpandItems(const EpKernelArgs& a, int row_bytes, const int32_t* s_base, int total,
-                                               int gwarp, int total_warps, const uint32_t* ready) {
+__device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_bytes, uint32_t round, int32_t* s_base) {
   const EpGeometry& g = a.geo;
-  const int epr = g.experts_per_rank;
+  const int tid = threadIdx.x, T = blockDim.x, epr = g.experts_per_rank, ne = g.num_experts;
+  const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * ne;
+  // volatile: the one-launch tail's blocks read the sync state (its cache line) before its last block set it
+  const int total = *reinterpret_cast<volatile int32_t*>(&a.buf.sync->total_recv);
+  for (int el = tid; el < epr; el += T) {
+    const int e = g.rank * epr + el;
+    int c[kMaxWorld];  // every source's count requested before any is used: one round trip
+#pragma unroll
+    for (int s = 0; s < kMaxWorld; ++s) c[s] = s < g.world ? LoadRelaxedSys(counts + static_cast<size_t>(s) * ne + e) : 0;
+    int run = 0;
+#pragma unroll
+    for (int s = 0; s < kMaxWorld; ++s) {
+      if (s >= g.world) break;
+      s_base[s * epr + el] = run;
+      if (blockIdx.x == 0)
+        a.std.layout_range[static_cast<size_t>(el) * g.world + s] =
+            static_cast<int64_t>(static_cast<uint32_t>(c[s])) | (static_cast<int64_t>(run) << 32);
+      run += c[s];
+    }
+    if (blockIdx.x == 0) a.std.packed_count[el] = run;
+  }
+  __syncthreads();
   const int vecs = row_bytes / 16, lane = LaneId(), topk = g.topk;
   const int rows_per_group = max(1, kWarpSize / topk), groups = (total + rows_per_group - 1) / rows_per_group;
+  const int nwarps = T / kWarpSize;
+  // consecutive items on different SMs: with fewer items than warps every SM still gets some
+  const int gwarp = (tid / kWarpSize) * gridDim.x + blockIdx.x, total_warps = gridDim.x * nwarps;
   constexpr int kUnroll = kExpandUnroll;
   // slices: enough items for every warp, none shorter than one full pass of the warp's lanes
   int parts = max(1, total_warps / max(groups, 1));
   parts = min(parts, max(1, vecs / (kWarpSize * kUnroll)));
   const int vpp = (vecs + parts - 1) / parts;
   const int k = lane % topk, sub = lane / topk;  // this lane: entry k of the group's row `sub`
-  // kArrived: an item's rows are consecutive slots, reserved about in the order the rows arrive,
-  // so items in slot order (groups first) meet their rows about in order
   for (int item = gwarp; item < groups * parts; item += total_warps) {
-    const int grp = kArrived ? item / parts : item % groups, part = kArrived ? item % parts : item / groups;
+    const int grp = item % groups, part = item / groups;
     const int i = grp * rows_per_group + sub;
     const bool have = sub < rows_per_group && i < total;
     const int v1 = min(vecs, (part + 1) * vpp);
     const int group_rows = min(rows_per_group, total - grp * rows_per_group);
-    if constexpr (kArrived) {
-      if (!WaitRowsReady(a, ready, grp * rows_per_group, group_rows, static_cast<uint32_t>(vecs))) return;
-    }
     // The first batch's slices are requested before the ids and positions that say where they
     // go, so the two memory round trips overlap (most items are one batch and one pass).
     int4 xv[kExpandBatch][kUnroll];
-    LoadExpandBatch<kArrived>(a, row_bytes, grp * rows_per_group, min(kExpandBatch, group_rows), part * vpp, v1, lane,
-                              xv);
-    const int32_t flat = have ? LoadRowMeta<kArrived>(a.buf.src_pos + i) : 0;
-    const int e = have ? LoadRowMeta<kArrived>(a.buf.dispatch_out_indices + static_cast<size_t>(i) * topk + k) : -1;
-    const int rel = have ? LoadRowMeta<kArrived>(a.std.std_rel + static_cast<size_t>(i) * topk + k) : -1;
+    LoadExpandBatch(a, row_bytes, grp * rows_per_group, min(kExpandBatch, group_rows), part * vpp, v1, lane, xv);
+    const int32_t flat = have ? a.buf.src_pos[i] : 0;
+    const int e = have ? a.buf.dispatch_out_indices[static_cast<size_t>(i) * topk + k] : -1;
+    const int rel = have ? a.std.std_rel[static_cast<size_t>(i) * topk + k] : -1;
     bool dup = false;  // repeats an earlier entry of its token (one row per distinct expert)
     for (int d = 1; d < topk; ++d) {
       const int ed = ShflUp(e, d);  // every lane shuffles (no short-circuit around it)
@@ -353,12 +297,8 @@ __device__ __forceinline__ void StdExpandItems(const EpKernelArgs& a, int row_by
         for (LaneMask m = Ballot(store); m != 0; m &= m - 1) {
           const int l = LowestLane(m);
           const int rk = ShflIdx(row, l), ik = grp * rows_per_group + l / topk;
-          uint8_t* dst = a.std.packed_scales + static_cast<size_t>(rk) * g.scale_bytes;
-          const uint8_t* src = a.buf.dispatch_out_scales + static_cast<size_t>(ik) * g.scale_bytes;
-          if constexpr (kArrived)
-            CopySmallFresh(dst, src, g.scale_bytes, lane);
-          else
-            CopySmall(dst, src, g.scale_bytes, lane);
+          CopySmall(a.std.packed_scales + static_cast<size_t>(rk) * g.scale_bytes,
+                    a.buf.dispatch_out_scales + static_cast<size_t>(ik) * g.scale_bytes, g.scale_bytes, lane);
         }
       }
     }
@@ -367,7 +307,7 @@ __device__ __forceinline__ void StdExpandItems(const EpKernelArgs& a, int row_by
       const int nb = min(kExpandBatch, group_rows - r0);
       for (int v0 = part * vpp; v0 < v1; v0 += kWarpSize * kUnroll) {
         if (r0 != 0 || v0 != part * vpp)  // the first pass was loaded above
-          LoadExpandBatch<kArrived>(a, row_bytes, grp * rows_per_group + r0, nb, v0, v1, lane, xv);
+          LoadExpandBatch(a, row_bytes, grp * rows_per_group + r0, nb, v0, v1, lane, xv);
 #pragma unroll
         for (int b = 0; b < kExpandBatch; ++b) {
           if (b >= nb) break;
@@ -387,48 +327,6 @@ __device__ __forceinline__ void StdExpandItems(const EpKernelArgs& a, int row_by
       }
     }
   }
-}
-
-// The expand after this rank's dispatch of `round` waited for every source (StdExpandKernel): all
-// received rows, block 0 writing the layout ranges. s_base: [world][experts_per_rank] shared ints.
-__device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_bytes, uint32_t round, int32_t* s_base) {
-  StdExpandBases(a, round, s_base, blockIdx.x == 0);
-  const int total = a.buf.sync->total_recv;
-  const int nwarps = blockDim.x / kWarpSize;
-  // consecutive items on different SMs: with fewer items than warps every SM still gets some
-  const int gwarp = (static_cast<int>(threadIdx.x) / kWarpSize) * gridDim.x + blockIdx.x;
-  StdExpandItems<false>(a, row_bytes, s_base, total, gwarp, gridDim.x * nwarps, nullptr);
-}
-
-// One-launch dispatch (kStdOneLaunch): this rank's count of all its n tokens per expert and the
-// number of its tokens each rank receives go to every rank, then this round's flag (std_flags), so
-// that the receivers can place rows while they arrive. Block-wide; s_cnt ([num_experts]) and
-// s_rows ([kMaxWorld]) are zero on entry and again on return.
-__device__ __forceinline__ void StdExportTotals(const EpKernelArgs& a, int32_t* s_cnt, int32_t* s_rows,
-                                                const int32_t* ids, int n, uint32_t round) {
-  const EpGeometry& g = a.geo;
-  const int tid = threadIdx.x, T = blockDim.x, ne = g.num_experts, epr = g.experts_per_rank;
-  CountFirstEntries(a, s_cnt, ids, n);
-  for (int t = tid; t < n; t += T) {  // the destination mask of the dispatch's step 1
-    uint32_t mask = 0;
-    for (int k = 0; k < g.topk; ++k) {
-      const int e = ids[static_cast<size_t>(t) * g.topk + k];
-      if (e >= 0 && e < ne) mask |= 1u << (e / epr);
-    }
-    for (; mask != 0; mask &= mask - 1) atomicAdd(s_rows + (__ffs(static_cast<int>(mask)) - 1), 1);
-  }
-  __syncthreads();
-  int32_t* mine = a.buf.std_counts + (static_cast<size_t>(round & 1) * g.world + g.rank) * ne;
-  for (int e = tid; e < ne; e += T) *Peer(a, mine + e, e / epr) = s_cnt[e];
-  if (tid < g.world) *Peer(a, a.std.rows_from + (round & 1) * kMaxWorld + g.rank, tid) = s_rows[tid];
-  __syncthreads();
-  if (tid < g.world) {
-    FenceSys();
-    StoreReleaseSys(Peer(a, a.buf.std_flags + g.rank, tid), round);
-  }
-  for (int e = tid; e < ne; e += T) s_cnt[e] = 0;
-  if (tid < kMaxWorld) s_rows[tid] = 0;
-  __syncthreads();
 }
 
 // Standard MoE: vectors [v0b, v1) of sum_k w_k * packed[row_k] for received token i

@@ -23,7 +23,6 @@ enum EpErrorCode : int32_t {
   kErrRoutingMismatch = 6,  // combine indices route a token differently than dispatch
   kErrStdStale = 7,         // standard-MoE combine/convert without a standard-MoE layout of this dispatch
   kErrConvertRows = 8,      // convert_dispatch_output got fewer rows than tokens received
-  kErrRowTimeout = 9,       // one-launch standard-MoE expand: a received row never completed
 };
 // Combine-side transport quantisation (EpDispatchCombineConfig.quant_type).
 enum EpCombineQuant : int32_t {
@@ -98,9 +97,6 @@ struct EpSyncState {
   // bitmaps alternate per plan (parity std_plans & 1), not per dispatch round, because plain
   // dispatches may run between two plans and each plan clears the bitmap the plan before it set.
   uint32_t std_plans;
-  // One-launch standard-MoE dispatch: received rows whose ready counters (EpStdBuffers::row_ready)
-  // the dispatch of each std_plans parity used; cleared before that parity's next use.
-  int32_t ready_rows[2];
   // Staged push combine: the work-queue heads of each chunk's reduce, by combine round parity
   // (each launch clears the other).
   int32_t stage_items[2][kMaxPushStages];
@@ -177,11 +173,6 @@ struct EpStdBuffers {
   int32_t* plan_prefix;         // [num_experts][tok_words] exclusive prefix popcount per word
   uint32_t* conv_bits;          // [E_local][world * tok_words] converter: source-token bitmap per local expert
   int32_t* conv_prefix;         // [E_local][world * tok_words]
-  // One-launch dispatch (kStdOneLaunch), symmetric, written by the sources: [2][max_recv] the row's
-  // 16-byte vectors stored so far (by std_plans parity; its expand copies a row once all are in),
-  // and [2][kMaxWorld] the rows each source sends this rank (by dispatch round parity).
-  uint32_t* row_ready;
-  int32_t* rows_from;
 };
 
 struct EpKernelArgs {
@@ -209,9 +200,6 @@ struct DispatchParams : DispatchRows {
   int32_t standard_moe;
   // Blocks that send tokens (0: all). kStdOneLaunch launches more blocks for its expand tail.
   int32_t send_blocks;
-  // kStdOneLaunch with twice send_blocks blocks: 1 = the even blocks send, the odd ones only expand
-  // (else blocks [0, send_blocks) send).
-  int32_t interleave;
   // 1: each copy item stores to one destination rank (see the dispatch kernel's step 4).
   int32_t per_dest;
 };
