@@ -2,8 +2,7 @@
 gloo, world sizes 1, 2, 4 and 8.
 
 The oracle is independent of the reference: every rank regenerates all ranks' inputs and derives,
-with plain loops, each local expert's rows in (source, source token) order, the sources starting
-with the receiving rank and going on cyclically (rank, rank + 1, ..., rank - 1), the counts,
+with plain loops, each local expert's rows in (source rank, source token) order, the counts,
 source infos and layout ranges, and the combine sums (per destination rank: the gating-weighted sum
 of its experts' outputs rounded to bf16; then the fp32 sum over ranks rounded once).
 """
@@ -67,15 +66,14 @@ def _std_roundtrip(rank: int, world: int, seed: int, weighted: bool, split: bool
     stride = cfg.max_num_tokens_to_send()
     for el in range(epr):
         e = rank * epr + el
-        sources = [(rank + q) % world for q in range(world)]  # the layout's order: own rows first
-        expect = [(s, t) for s in sources for t in range(counts[s]) if e in data[s]["indices"][t].tolist()]
+        expect = [(s, t) for s in range(world) for t in range(counts[s]) if e in data[s]["indices"][t].tolist()]
         assert int(cnt[el]) == len(expect), f"expert {e}: {int(cnt[el])} rows, expected {len(expect)}"
         for j, (s, t) in enumerate(expect):
             assert int(info[el, j]) == s * stride + t, f"expert {e} row {j}"
             assert torch.equal(px[el, j].view(torch.int16), data[s]["x"][t].view(torch.int16)), f"expert {e} row {j}"
             assert torch.equal(ps[el, j], data[s]["scales"][t])
         begin = 0
-        for s in sources:
+        for s in range(world):
             c = sum(1 for (ss, _) in expect if ss == s)
             assert int(lr[el, s]) == c | (begin << 32), f"expert {e} source {s}"
             begin += c

@@ -26,12 +26,10 @@
 // signal fewer). The rows travel exactly as in a plain dispatch (once per
 // destination rank, into its 2-D receive buffer); in addition
 // every (slot, k) of a local expert of the destination carries the row's position
-// among this rank's rows of that expert (std_rel). A rank's own rows come first in
-// its layout, so after its arrival signal each block stores the rows it sent this
-// rank itself into their final [local expert][row] slots (StdStoreOwnRows). The
-// expand kernel on the receiving side then copies each row received from another
-// rank to its final slots (rows of the sources before it first), a local copy;
-// kStdOneLaunch runs that copy as this kernel's tail instead (step 6, every block). Storing straight into the
+// among this rank's rows of that expert (std_rel). The expand kernel on the
+// receiving side then copies each received row to its final [local expert][row]
+// slots (rows of earlier sources first), a local copy; kStdOneLaunch runs that
+// copy as this kernel's tail instead (step 6, every block). Storing straight into the
 // 3-D layout instead would send a token once per local expert of its destination
 // (2.2x the NVLink bytes at EP4, top-8 of 256) and make every block wait for all
 // sources' counts before it could send anything.
@@ -298,9 +296,6 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   // one's. Block 0 writes them before its arrival, which orders them.
   if (blockIdx.x == 0 && tid < world) *Peer(a, a.buf.peer_tokens + (round & 1) * kMaxWorld + g.rank, tid) = n;
   ArriveAtPeers(a, a.buf.dispatch_flags + g.rank, world, gridDim.x);
-  // standard MoE: the rows this block sent this rank itself go to their final layout slots now,
-  // while block 0 waits for the peers (ep_std_layout.cuh)
-  if constexpr (kStd != kStdOff) StdStoreOwnRows(a, p.input, p.indices, p.row_bytes, begin, end);
   if (blockIdx.x == 0 && !DispatchComplete<kWorld, kStd>(a, p, round, counter, plan_parity)) return;
   if constexpr (kStd == kStdOneLaunch) {
     // 6. the expand (StdExpandRows) on every block once block 0 has waited for every source and

@@ -93,11 +93,11 @@ __global__ void __launch_bounds__(kDispatchMaxThreads) StdExpandKernel(EpKernelA
   MORI_PROF_END(a, kProfStdExpand, round);
 }
 
-// Key of a received row in the converter's bitmaps: source (in layout order), then source
+// Key of a received row in the converter's bitmaps: source rank, then source
 // token, each source on whole 32-bit words (so a source's rows start on a word).
 __device__ __forceinline__ int ConvertKey(const EpGeometry& g, int32_t flat_src) {
   const int s = flat_src / g.max_send, t = flat_src - s * g.max_send;
-  return SourceOrder(g, s) * g.tok_words * 32 + t;
+  return s * g.tok_words * 32 + t;
 }
 
 __device__ __forceinline__ int LocalExpert(const EpGeometry& g, int e) {
@@ -135,10 +135,10 @@ __global__ void __launch_bounds__(kStdPlanThreads) ConvertPlanKernel(EpKernelArg
   }
   __syncthreads();
   for (int i = threadIdx.x; i < g.experts_per_rank * g.world; i += blockDim.x) {
-    const int el = i / g.world, q = SourceOrder(g, i % g.world);
+    const int el = i / g.world, s = i % g.world;
     const int32_t* prefix = a.std.conv_prefix + static_cast<size_t>(el) * words;
-    const int begin = prefix[q * g.tok_words];
-    const int end = q + 1 < g.world ? prefix[(q + 1) * g.tok_words] : a.std.packed_count[el];
+    const int begin = prefix[s * g.tok_words];
+    const int end = s + 1 < g.world ? prefix[(s + 1) * g.tok_words] : a.std.packed_count[el];
     a.std.layout_range[i] = static_cast<int64_t>(static_cast<uint32_t>(end - begin)) | (static_cast<int64_t>(begin) << 32);
   }
   if (threadIdx.x == 0) st->std_round = st->dispatch_epoch;

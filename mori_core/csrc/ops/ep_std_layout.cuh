@@ -3,12 +3,9 @@
 //
 // Layout on each rank: packed row (local expert el, position j) = el * tpe + j,
 // tpe = world * max_num_inp_token_per_rank. Within a local expert rows are
-// ordered by source, then source token (stable), the sources starting with the
-// receiving rank itself and going on cyclically (rank, rank + 1, ..., rank - 1):
-// position of token t of source s = (rows that the sources before s in that order
-// send to the expert) + (tokens of s before t routed to it). The rank's own rows
-// thus start at 0 in every expert, so its dispatch stores them in place while
-// its rows to other ranks cross the link (#31 round 13). Tokens rank themselves with one bitmap per expert over their
+// ordered by source rank, then source token (stable): position of token t of
+// source s = (rows that sources < s send to the expert) + (tokens of s before t
+// routed to it). Tokens rank themselves with one bitmap per expert over their
 // token index (set bits, then an exclusive prefix popcount per 32-bit word), so a
 // row's position is prefix[w] + popc(bits[w] & lanes below). A token listing the
 // same expert twice gets one row; both of its k entries point at it.
@@ -19,15 +16,6 @@
 #include "ops/ep_quant.cuh"
 
 namespace mori::ep::dev {
-
-// Place of source rank s in the order of this rank's layout (own rows first, then the next ranks
-// cyclically), and the source at place q.
-__device__ __forceinline__ int SourceOrder(const EpGeometry& g, int s) {
-  return s >= g.rank ? s - g.rank : s - g.rank + g.world;
-}
-__device__ __forceinline__ int SourceAt(const EpGeometry& g, int q) {
-  return q + g.rank < g.world ? q + g.rank : q + g.rank - g.world;
-}
 
 constexpr int kQuantUnroll = 4;  // summed rows: vectors per lane (their fp32 sums stay in registers)
 
@@ -215,13 +203,11 @@ __device__ __forceinline__ void StdRankRound(const EpKernelArgs& a, const uint32
 }
 
 // The expand of dispatch_standard_moe (StdExpandKernel, or the tail of the one-launch dispatch),
-// once this rank's dispatch of `round` has waited for every source: every row received from
-// another rank to each of its distinct local experts' [expert][position] slots (this rank's own
-// rows were stored there by its dispatch). position = rows that the sources before it in the
-// layout's order send to the expert (their counts, std_counts) + the row's position among its own
-// source's rows of the expert (std_rel, written by the source's dispatch). Every row's std_row,
-// source info and scales are written here. Block 0 writes packed_count and the layout ranges.
-// s_base: [world][experts_per_rank] shared ints.
+// once this rank's dispatch of `round` has waited for every source: every received row to each of
+// its distinct local experts' [expert][position] slots. position = rows that earlier sources send
+// to the expert (their counts, std_counts) + the row's position among its own source's rows of
+// the expert (std_rel, written by the source's dispatch). Block 0 writes packed_count and the
+// layout ranges. s_base: [world][experts_per_rank] shared ints.
 //
 // Work item = (group of R = warp size / topk consecutive received rows, slice of the row): lane
 // (r, k) holds row r's entry k, so one coalesced load gives the warp the R rows' ids and
@@ -232,57 +218,6 @@ __device__ __forceinline__ void StdRankRound(const EpKernelArgs& a, const uint32
 constexpr int kExpandBatch = 4;   // rows whose slices a lane holds at once
 constexpr int kExpandUnroll = 4;  // 16-byte vectors of each row a lane holds per pass
 constexpr int kExpandMinSliceVecs = 2 * kWarpSize;  // the shortest slice of a row an item copies
-
-// The dispatch's own rows into this rank's layout: a rank's own rows come first there, so the row
-// of its token t and local expert el is el * tpe + (t's position among its rows of el), known
-// without any other rank. Each dispatch block stores the tokens [begin, end) it sent itself, after
-// its arrival signal: nothing on the link waits behind these stores, which run while block 0 waits
-// for the peers' rows (the expand then copies only the rows of other ranks). Stored during the
-// sends instead, with the row already in registers, they made the dispatch kernel 1.5 us slower at
-// EP2 x 128 and 6 us at 512 (#31 round 13). Reads what the block wrote to its own receive buffer
-// (slots, positions), which its last barrier made visible. Called by every thread.
-__device__ __forceinline__ void StdStoreOwnRows(const EpKernelArgs& a, const uint8_t* input, const int32_t* ids,
-                                                int row_bytes, int begin, int end) {
-  const EpGeometry& g = a.geo;
-  const int lane = LaneId(), warp = threadIdx.x / kWarpSize, nwarps = blockDim.x / kWarpSize;
-  const int cnt = end - begin, vecs = row_bytes / 16, topk = g.topk;
-  if (cnt <= 0) return;
-  int parts = max(1, nwarps / cnt);
-  parts = min(parts, max(1, vecs / kWarpSize));
-  const int vpp = (vecs + parts - 1) / parts;
-  for (int item = warp; item < cnt * parts; item += nwarps) {
-    const int t = begin + item % cnt, part = item / cnt;
-    const int slot = a.buf.dest_slot[static_cast<size_t>(t) * g.world + g.rank];
-    if (slot < 0) continue;  // uniform: the token has no expert here
-    const int e = lane < topk ? ids[static_cast<size_t>(t) * topk + lane] : -1;
-    const int rel = lane < topk ? a.std.std_rel[static_cast<size_t>(slot) * topk + lane] : -1;  // -1: not here
-    bool dup = false;
-    for (int d = 1; d < topk; ++d) {
-      const int ed = ShflUp(e, d);  // every lane shuffles (no short-circuit around it)
-      dup |= lane >= d && ed == e;
-    }
-    const int row = rel >= 0 && !dup ? (e - g.rank * g.experts_per_rank) * g.tpe + rel : -1;
-    const LaneMask rows = Ballot(row >= 0);
-    const int4* src = reinterpret_cast<const int4*>(input + static_cast<size_t>(t) * row_bytes);
-    const int v1 = min(vecs, (part + 1) * vpp);
-    for (int v0 = part * vpp; v0 < v1; v0 += kWarpSize * kExpandUnroll) {
-      int4 xv[kExpandUnroll];
-#pragma unroll
-      for (int u = 0; u < kExpandUnroll; ++u) {
-        const int v = v0 + lane + u * kWarpSize;
-        if (v < v1) xv[u] = LoadPeer(src + v);
-      }
-      for (LaneMask m = rows; m != 0; m &= m - 1) {
-        int4* dst = reinterpret_cast<int4*>(a.std.packed_x + static_cast<size_t>(ShflIdx(row, LowestLane(m))) * row_bytes);
-#pragma unroll
-        for (int u = 0; u < kExpandUnroll; ++u) {
-          const int v = v0 + lane + u * kWarpSize;
-          if (v < v1) Store16(dst + v, xv[u]);
-        }
-      }
-    }
-  }
-}
 
 // Vectors [v0 + lane + u * warp size] (u < kExpandUnroll, below v1) of received rows [first, first + nb) into
 // xv[b][u]: one pass of the expand over a batch of rows.
@@ -308,22 +243,18 @@ __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_byt
   const int total = *reinterpret_cast<volatile int32_t*>(&a.buf.sync->total_recv);
   for (int el = tid; el < epr; el += T) {
     const int e = g.rank * epr + el;
-    // c[q]: the count of the source at place q, every one requested before any is used (one round
-    // trip), indexed by place so that the array stays in registers
-    int c[kMaxWorld];
+    int c[kMaxWorld];  // every source's count requested before any is used: one round trip
 #pragma unroll
-    for (int q = 0; q < kMaxWorld; ++q)
-      c[q] = q < g.world ? LoadRelaxedSys(counts + static_cast<size_t>(SourceAt(g, q)) * ne + e) : 0;
+    for (int s = 0; s < kMaxWorld; ++s) c[s] = s < g.world ? LoadRelaxedSys(counts + static_cast<size_t>(s) * ne + e) : 0;
     int run = 0;
 #pragma unroll
-    for (int q = 0; q < kMaxWorld; ++q) {
-      if (q >= g.world) break;
-      const int s = SourceAt(g, q);
+    for (int s = 0; s < kMaxWorld; ++s) {
+      if (s >= g.world) break;
       s_base[s * epr + el] = run;
       if (blockIdx.x == 0)
         a.std.layout_range[static_cast<size_t>(el) * g.world + s] =
-            static_cast<int64_t>(static_cast<uint32_t>(c[q])) | (static_cast<int64_t>(run) << 32);
-      run += c[q];
+            static_cast<int64_t>(static_cast<uint32_t>(c[s])) | (static_cast<int64_t>(run) << 32);
+      run += c[s];
     }
     if (blockIdx.x == 0) a.std.packed_count[el] = run;
   }
@@ -374,8 +305,7 @@ __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_byt
         }
       }
     }
-    // this rank's own rows are in place already: its dispatch stored them while sending (#31 round 13)
-    const LaneMask stores = Ballot(store && s != g.rank);
+    const LaneMask stores = Ballot(store);
     for (int r0 = 0; r0 < group_rows; r0 += kExpandBatch) {
       const int nb = min(kExpandBatch, group_rows - r0);
       for (int v0 = part * vpp; v0 < v1; v0 += kWarpSize * kUnroll) {

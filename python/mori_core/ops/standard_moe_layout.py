@@ -5,11 +5,9 @@ After ``dispatch_standard_moe`` (or ``dispatch`` + ``convert_dispatch_output``) 
 for each of its ``E = num_experts_per_rank`` local experts, the rows routed to that expert:
 
 * ``packed_recv_x[E, T, hidden]`` with ``T = world_size * max_num_inp_token_per_rank``: rows
-  ``[0, packed_recv_count[e])`` of expert ``e`` are valid, ordered by **source, then source
-  token** (stable; MORI's own order is arrival order), the sources starting with the receiving
-  rank itself and going on cyclically (``rank, rank + 1, ..., world - 1, 0, ..., rank - 1``): a
-  rank's own rows start at 0 in every expert, so its dispatch stores them in place while its rows
-  to other ranks cross the link. A token that lists the same expert twice gets one row.
+  ``[0, packed_recv_count[e])`` of expert ``e`` are valid, ordered by **source rank, then source
+  token** (stable; MORI's own order is arrival order). A token that lists the same expert twice
+  gets one row.
 * ``packed_recv_count[E]`` int32: valid rows per local expert.
 * ``packed_recv_src_info[E, T]`` int32: each row's flat source index
   ``src_rank * max_num_tokens_to_send() + src_token`` (as ``get_dispatch_src_token_pos``).
@@ -89,14 +87,13 @@ class PackedLayout:
         R = int(src_pos.shape[0])
         ids = indices[:R].to(torch.int64).cpu()
         src = src_pos.to(torch.int64).cpu()
-        stride = config.max_num_tokens_to_send()
-        place = (src // stride - config.rank) % world  # the receiving rank's own rows first
-        order = torch.argsort(place * stride + src % stride, stable=True)  # source, then source token
+        order = torch.argsort(src, stable=True)  # source rank, then source token
         self.rows = torch.full((R, topk), -1, dtype=torch.int32)  # packed row of (received row, k)
         self.count = torch.zeros(E, dtype=torch.int32)
         self.src_info = torch.full((E, T), -1, dtype=torch.int32)
         self.layout_range = torch.zeros(E, world, dtype=torch.int64)
         self.gather = [[] for _ in range(E)]  # received row of each packed row, per expert
+        stride = config.max_num_tokens_to_send()
         per_source = torch.zeros(E, world, dtype=torch.int64)
         for i in order.tolist():
             seen: dict[int, int] = {}
@@ -113,8 +110,7 @@ class PackedLayout:
                     self.gather[el].append(i)
                     per_source[el, int(src[i]) // stride] += 1
                 self.rows[i, k] = seen[e]
-        in_order = torch.roll(per_source, -config.rank, dims=1)  # column q: the source at place q
-        begin = torch.roll(torch.cumsum(in_order, dim=1) - in_order, config.rank, dims=1)
+        begin = torch.cumsum(per_source, dim=1) - per_source
         self.layout_range = per_source | (begin << 32)
 
     def pack(self, rows: torch.Tensor, hidden_shape: tuple) -> torch.Tensor:
