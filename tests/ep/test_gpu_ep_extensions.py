@@ -463,7 +463,7 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
     for e in ev:
         by.setdefault(e["name"], []).append(e)
     need = ["dispatch_route", "dispatch_copy", "dispatch_signal", "combine_stage", "combine_barrier", "combine_reduce",
-            "std_plan", "std_expand"]
+            "std_plan", "std_expand", "std_expand_base", "std_expand_first", "std_expand_items"]
     missing = [p for p in need if p not in by]
     assert not missing, f"rank {rank}: phases missing from the trace: {missing}; present: {sorted(by)}"
     # Calls in stream order: plain dispatch (dispatch round d), plain combine (combine round c),
@@ -490,7 +490,9 @@ def _profile(rank: int, world: int, out_dir: str) -> None:
     # per warp: route before copy, stage before barrier before reduce (same round)
     def firsts(name):
         return {(e["tid"], e["args"]["round"]): e["ts"] for e in by[name]}
-    for a, b in (("dispatch_route", "dispatch_copy"), ("combine_stage", "combine_barrier"), ("combine_barrier", "combine_reduce")):
+    for a, b in (("dispatch_route", "dispatch_copy"), ("combine_stage", "combine_barrier"), ("combine_barrier", "combine_reduce"),
+                 ("std_expand", "std_expand_base"), ("std_expand_base", "std_expand_items"),
+                 ("std_expand_items", "std_expand_first")):
         fa, fb = firsts(a), firsts(b)
         for key in set(fa) & set(fb):
             assert fa[key] <= fb[key], f"rank {rank}: {a} after {b} on track {key}"

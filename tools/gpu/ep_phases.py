@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 H, E, K, SCALES = 7168, 256, 8, 56
 PHASES = {"dispatch": ("std_plan", "dispatch_route", "std_bits", "std_rank", "std_count", "dispatch_copy",
-                        "dispatch_signal", "std_expand"),
+                        "dispatch_signal", "std_expand", "std_expand_base", "std_expand_first", "std_expand_items"),
           "combine": ("combine_stage", "combine_barrier", "combine_reduce")}
 
 

@@ -23,13 +23,19 @@ enum EpProfPhase : int32_t {
   kProfStdBits = 10,        // destination masks and the tokens' bits in the per-expert bitmaps
   kProfStdRank = 11,        // each (token, expert)'s position among the rank's rows of the expert
   kProfStdCount = 12,       // the round's tokens added to the per-expert counts
-  kProfNumPhases = 13,
+  // Inside std_expand:
+  kProfStdExpandBase = 13,  // the sources' counts read, each local expert's per-source bases set
+  kProfStdExpandFirst = 14, // a warp's first item: its rows' slices, ids and positions loaded, its
+                            // first pass stored
+  kProfStdExpandItems = 15, // all of a warp's items: rows stored to their layout slots
+  kProfNumPhases = 16,
 };
 
 inline constexpr const char* kEpProfilerPhaseNames[kProfNumPhases] = {
     "dispatch_route", "dispatch_copy", "dispatch_signal", "std_plan",       "std_expand",
     "combine_stage",  "combine_barrier", "combine_reduce", "convert_dispatch", "convert_combine",
-    "std_bits",       "std_rank",        "std_count",
+    "std_bits",       "std_rank",        "std_count",       "std_expand_base", "std_expand_first",
+    "std_expand_items",
 };
 
 // Device buffer: kProfMaxWarps warp slots (slot = block * warps_per_block + warp of one

@@ -13,6 +13,7 @@
 
 #include "ops/device_primitives.hpp"
 #include "ops/ep_device_common.hpp"
+#include "ops/ep_profiler.cuh"
 #include "ops/ep_quant.cuh"
 
 namespace mori::ep::dev {
@@ -241,6 +242,7 @@ __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_byt
   const int32_t* counts = a.buf.std_counts + static_cast<size_t>(round & 1) * g.world * ne;
   // volatile: the one-launch tail's blocks read the sync state (its cache line) before its last block set it
   const int total = *reinterpret_cast<volatile int32_t*>(&a.buf.sync->total_recv);
+  MORI_PROF_BEGIN(a, kProfStdExpandBase, round);
   for (int el = tid; el < epr; el += T) {
     const int e = g.rank * epr + el;
     int c[kMaxWorld];  // every source's count requested before any is used: one round trip
@@ -259,6 +261,8 @@ __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_byt
     if (blockIdx.x == 0) a.std.packed_count[el] = run;
   }
   __syncthreads();
+  MORI_PROF_END(a, kProfStdExpandBase, round);
+  MORI_PROF_BEGIN(a, kProfStdExpandItems, round);
   const int vecs = row_bytes / 16, lane = LaneId(), topk = g.topk;
   const int rows_per_group = max(1, kWarpSize / topk), groups = (total + rows_per_group - 1) / rows_per_group;
   const int nwarps = T / kWarpSize;
@@ -281,6 +285,7 @@ __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_byt
     // The first batch's slices are requested before the ids and positions that say where they
     // go, so the two memory round trips overlap (most items are one batch and one pass).
     int4 xv[kExpandBatch][kUnroll];
+    if (item == gwarp) MORI_PROF_BEGIN(a, kProfStdExpandFirst, round);
     LoadExpandBatch(a, row_bytes, grp * rows_per_group, min(kExpandBatch, group_rows), part * vpp, v1, lane, xv);
     const int32_t flat = have ? a.buf.src_pos[i] : 0;
     const int e = have ? a.buf.dispatch_out_indices[static_cast<size_t>(i) * topk + k] : -1;
@@ -327,9 +332,12 @@ __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_byt
             }
           }
         }
+        // after the first pass's stores, which needed its loads
+        if (item == gwarp && r0 == 0 && v0 == part * vpp) MORI_PROF_END(a, kProfStdExpandFirst, round);
       }
     }
   }
+  MORI_PROF_END(a, kProfStdExpandItems, round);
 }
 
 // Standard MoE: vectors [v0b, v1) of sum_k w_k * packed[row_k] for received token i
