@@ -16,32 +16,18 @@ that. For each size this times, on one GPU, in CUDA graph replays of REPS calls 
 from __future__ import annotations
 
 import argparse
-import statistics
 from typing import Callable
 
 import torch
 
+from mori_core.bench.ep.measure import time_graph
+
 
 def _per_call_us(fn: Callable[[], None], reps: int, rounds: int) -> float:
-    """Median over ``rounds`` graph replays of ``reps`` back-to-back calls of fn, per call (us)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
+    """Median over ``rounds`` graph replays of ``reps`` back-to-back calls of fn, per call (us):
+    the bench's own graph timing (``mori_core.bench.ep.measure.time_graph``)."""
+    opts = argparse.Namespace(no_graph=False, ops_per_graph=reps, warmup=3, iters=rounds)
+    return time_graph(fn, opts, sync=lambda: None)
 
 
 def main() -> None:
