@@ -361,6 +361,9 @@ def _suite(rank: int, world: int, out_path: str) -> None:
             env={FUSED: "2", PER_DEST: "0"})),
         ("std fp32 unweighted top6 dup", lambda: _std_case(
             rank, world, dev, 4, 2048, torch.float32, 0, 8, 6, torch.float32, False, True, "none", (132, 16), max_tok=64)),
+        # top-2 (a compile-time top-k of the dispatch's count other than 8), repeats included
+        ("std bf16 top2 dup", lambda: _std_case(
+            rank, world, dev, 14, 2048, torch.bfloat16, 0, 16, 2, torch.bfloat16, True, True, "none", (-1, -1))),
         ("std bf16 + fp8_blockwise combine", lambda: _std_case(
             rank, world, dev, 5, 7168, torch.bfloat16, 0, 128, 8, torch.bfloat16, True, False, "fp8_blockwise", (-1, -1))),
         ("std bf16 + fp8_direct_cast combine", lambda: _std_case(

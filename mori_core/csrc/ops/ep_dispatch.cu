@@ -126,6 +126,8 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
   for (int r0 = begin; r0 < end; r0 += T) {
     MORI_PROF_BEGIN(a, kProfDispatchRoute, round);
     const int cnt = min(T, end - r0);
+    // kRank: a round of a few tokens is ranked from its ids in shared memory, a larger one by bitmaps
+    const bool small_round = kRank && cnt <= kDirectRankTokens && cnt * g.topk <= T;
     // 1. destination mask, one thread per token
     uint32_t mask = 0;
     if constexpr (kRank) MORI_PROF_BEGIN(a, kProfStdBits, round);
@@ -134,11 +136,12 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
       for (int k = 0; k < g.topk; ++k) {
         const int e = ids[k];
         if (e >= 0 && e < g.num_experts) mask |= 1u << (e / g.experts_per_rank);
+        if (small_round) s_rel[tid * g.topk + k] = e;
       }
       a.buf.token_mask[r0 + tid] = mask;
     }
     if constexpr (kRank) {
-      StdSetRoundBits(a, plan_bits, p.indices, r0, cnt);
+      if (!small_round) StdSetRoundBits(a, plan_bits, p.indices, r0, cnt);
       MORI_PROF_END(a, kProfStdBits, round);
     }
     s_mask[tid] = mask;
@@ -170,12 +173,16 @@ __global__ void __launch_bounds__(kDispatchMaxThreads, 1) DispatchKernel(EpKerne
     if constexpr (kRank) {
       if (r0 == begin) {  // uniform: the tokens before this block, counted while the reservations fly
         MORI_PROF_BEGIN(a, kProfStdPlan, round);
-        CountFirstEntries(a, s_cnt, p.indices, begin);
+        // not by warp 0, whose lanes issued the reservations: its loads would wait for their replies
+        CountFirstEntries(a, s_cnt, p.indices, begin, nwarps > 1 ? kWarpSize : 0);
         __syncthreads();
         MORI_PROF_END(a, kProfStdPlan, round);
       }
       MORI_PROF_BEGIN(a, kProfStdRank, round);
-      StdRankRound(a, plan_bits, s_cnt, p.indices, r0, cnt, s_rel);
+      if (small_round)
+        StdRankSmallRound(a, s_cnt, cnt, s_rel);
+      else
+        StdRankRound(a, plan_bits, s_cnt, p.indices, r0, cnt, s_rel);
       MORI_PROF_END(a, kProfStdRank, round);
     }
     if (tid < world) s_base[tid] = reserved;

@@ -102,14 +102,21 @@ __device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan
 // counted once; one lane per top-k entry, kCountUnroll entries per lane in flight (one memory round
 // trip for up to blockDim * kCountUnroll entries: the block of the last of 128 tokens counts 127 x 8
 // with 128 threads), each warp's loads one coalesced run of entries. When topk divides the warp
-// size a token's entries sit in consecutive lanes of one warp (every warp starts on a token), so
-// repeats are found by shuffles instead of reloading the token's earlier ids; otherwise each entry
-// rereads them. Called by every thread; the caller's barrier orders the counts.
-__device__ __forceinline__ void CountFirstEntries(const EpKernelArgs& a, int32_t* s_cnt, const int32_t* ids, int n) {
+// size (kTopk > 0) a token's entries sit in consecutive lanes of one warp (every warp starts on a
+// token), so repeats are found by shuffles instead of reloading the token's earlier ids; otherwise
+// (kTopk == 0) each entry rereads them. With top-k known at compile time the shuffles are unrolled
+// and issue back to back: with a runtime bound each waited for the one before, ~1.7 us of the
+// count of a block's 66 tokens before it (std_count_probe, #31 round 14). Threads below
+// `first_thread` (a multiple of the warp size, below blockDim) return at once.
+template <int kTopk>
+__device__ __forceinline__ void CountFirstEntriesOf(const EpKernelArgs& a, int32_t* s_cnt, const int32_t* ids, int n,
+                                                    int first_thread) {
   constexpr int kCountUnroll = 8;
-  const int topk = a.geo.topk, ne = a.geo.num_experts, T = blockDim.x, entries = n * topk, lane = LaneId();
-  const bool by_shuffle = kWarpSize % topk == 0;
-  for (int w0 = static_cast<int>(threadIdx.x) - lane; w0 < entries; w0 += T * kCountUnroll) {  // uniform per warp
+  const int tid = static_cast<int>(threadIdx.x) - first_thread;
+  if (tid < 0) return;  // uniform per warp
+  const int topk = kTopk > 0 ? kTopk : a.geo.topk, ne = a.geo.num_experts, entries = n * topk;
+  const int T = blockDim.x - first_thread, lane = LaneId();
+  for (int w0 = tid - lane; w0 < entries; w0 += T * kCountUnroll) {  // uniform per warp
     int ev[kCountUnroll];
 #pragma unroll
     for (int u = 0; u < kCountUnroll; ++u) {
@@ -119,20 +126,38 @@ __device__ __forceinline__ void CountFirstEntries(const EpKernelArgs& a, int32_t
 #pragma unroll
     for (int u = 0; u < kCountUnroll; ++u) {
       if (w0 + u * T >= entries) break;  // uniform per warp: the shuffles below see every lane
-      const int i = w0 + u * T + lane, e = ev[u], k = i % topk;
+      const int i = w0 + u * T + lane, e = ev[u];
       bool first;
-      if (by_shuffle) {
+      if constexpr (kTopk > 0) {
+        const int k = lane % kTopk;  // w0 and T are multiples of the warp size, kTopk divides it
         bool dup = false;
-        for (int d = 1; d < topk; ++d) {
+#pragma unroll
+        for (int d = 1; d < kTopk; ++d) {
           const int ed = ShflUp(e, d);  // every lane shuffles (no short-circuit around it)
           dup |= k >= d && ed == e;
         }
         first = !dup;
       } else {
+        const int k = i % topk;
         first = e >= 0 && FirstEntryOf(ids + (i - k), k, e) == k;
       }
       if (e >= 0 && e < ne && first) atomicAdd(s_cnt + e, 1);
     }
+  }
+}
+
+// CountFirstEntriesOf with top-k as a compile-time constant where it divides the warp size.
+// Called by every thread; the caller's barrier orders the counts.
+__device__ __forceinline__ void CountFirstEntries(const EpKernelArgs& a, int32_t* s_cnt, const int32_t* ids, int n,
+                                                  int first_thread = 0) {
+  switch (a.geo.topk) {
+    case 8: return CountFirstEntriesOf<8>(a, s_cnt, ids, n, first_thread);
+    case 4: return CountFirstEntriesOf<4>(a, s_cnt, ids, n, first_thread);
+    case 2: return CountFirstEntriesOf<2>(a, s_cnt, ids, n, first_thread);
+    case 1: return CountFirstEntriesOf<1>(a, s_cnt, ids, n, first_thread);
+    case 16: return CountFirstEntriesOf<16>(a, s_cnt, ids, n, first_thread);
+    case 32: return CountFirstEntriesOf<32>(a, s_cnt, ids, n, first_thread);
+    default: return CountFirstEntriesOf<0>(a, s_cnt, ids, n, first_thread);
   }
 }
 
@@ -171,6 +196,31 @@ __device__ __forceinline__ void StdSetRoundBits(const EpKernelArgs& a, uint32_t*
       if (e >= 0 && e < ne) RedOrGpu(bits + static_cast<size_t>(e) * words + (t >> 5), 1u << (t & 31));
     }
   }
+}
+
+// The ranking of a small round (kDirectRankTokens tokens at most, one top-k entry per thread)
+// without the bitmaps: on entry s_rel holds the round's ids (s_rel[li * topk + k], set by the
+// mask step), on return the positions as StdRankRound gives them. An entry's position is s_cnt[e]
+// plus the round's earlier tokens listing e, counted from those ids in shared memory. At 128 and
+// 512 tokens a block's round is 1 to 8 tokens, and the bitmap path spent a global-memory round
+// trip on bits set by red.or and read back behind a barrier (#31 round 14). Called by every thread.
+constexpr int kDirectRankTokens = 8;
+__device__ __forceinline__ void StdRankSmallRound(const EpKernelArgs& a, const int32_t* s_cnt, int cnt, int32_t* s_rel) {
+  const int topk = a.geo.topk, ne = a.geo.num_experts, i = threadIdx.x;
+  int rel = -1;
+  if (i < cnt * topk) {
+    const int e = s_rel[i], li = i / topk;
+    if (e >= 0 && e < ne) {
+      rel = s_cnt[e];
+      for (int lj = 0; lj < li; ++lj) {
+        bool lists = false;  // a token naming e twice is one row of e
+        for (int k = 0; k < topk; ++k) lists |= s_rel[lj * topk + k] == e;
+        rel += lists ? 1 : 0;
+      }
+    }
+  }
+  __syncthreads();  // every entry has read the ids before any is overwritten
+  if (i < cnt * topk) s_rel[i] = rel;
 }
 
 // Set bits [lo, hi) of a bitmap that other blocks may still be setting outside that range.
