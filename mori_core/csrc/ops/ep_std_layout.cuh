@@ -82,9 +82,10 @@ __device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan
 // Fused ranking (kStdFused): no kernel before the dispatch and no wait between its blocks. A
 // block of tokens [begin, end) counts per expert the tokens before `begin` routed to it from the
 // top-k ids (every block for itself, in shared memory), then per round of tokens [r0, r0 + cnt)
-// ranks each (token, expert) among the round's tokens by the expert's token bitmap (the block set
-// those bits itself; words shared with a neighbour's tokens are masked), and adds the round's
-// counts. The block of the last token then holds the rank's per-expert totals and sends them
+// ranks each (token, expert) among the round's tokens: a round of up to kDirectRankTokens tokens
+// from its ids in shared memory (StdRankSmallRound), a larger one by the expert's token bitmap (the
+// block set those bits itself; words shared with a neighbour's tokens are masked), and adds the
+// round's counts. The block of the last token then holds the rank's per-expert totals and sends them
 // with the dispatch's signal (receivers need them only after waiting for that signal).
 //
 // Every step runs one thread per top-k entry, not per token: a token's entries are ranked by
