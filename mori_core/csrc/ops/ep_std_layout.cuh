@@ -99,6 +99,28 @@ __device__ __forceinline__ void StdTokenRel(const EpKernelArgs& a, uint32_t plan
 // dispatch). It still takes up to ~4 us there (profiler, EP4 x 128, #31 round 11), now beside the
 // reservation's round trip: the copies begin at 5-8 us.
 
+// Whether entry k of a token (its lanes consecutive in one warp, lane of entry 0 = lane - k)
+// names the same expert e as an earlier entry of that token: one row per distinct expert. Every
+// lane of the warp must call it (the shuffles take no short-circuit). kTopk > 0: top-k known at
+// compile time, the shuffles unrolled so that they issue back to back; 0: bounded by `topk`.
+template <int kTopk>
+__device__ __forceinline__ bool RepeatsEarlierEntry(int e, int k, int topk) {
+  bool dup = false;
+  if constexpr (kTopk > 0) {
+#pragma unroll
+    for (int d = 1; d < kTopk; ++d) {
+      const int ed = ShflUp(e, d);
+      dup |= k >= d && ed == e;
+    }
+  } else {
+    for (int d = 1; d < topk; ++d) {
+      const int ed = ShflUp(e, d);
+      dup |= k >= d && ed == e;
+    }
+  }
+  return dup;
+}
+
 // s_cnt[e] += tokens [0, n) of `ids` (their top-k ids) routed to expert e, a token listing e twice
 // counted once; one lane per top-k entry, kCountUnroll entries per lane in flight (one memory round
 // trip for up to blockDim * kCountUnroll entries: the block of the last of 128 tokens counts 127 x 8
@@ -130,14 +152,8 @@ __device__ __forceinline__ void CountFirstEntriesOf(const EpKernelArgs& a, int32
       const int i = w0 + u * T + lane, e = ev[u];
       bool first;
       if constexpr (kTopk > 0) {
-        const int k = lane % kTopk;  // w0 and T are multiples of the warp size, kTopk divides it
-        bool dup = false;
-#pragma unroll
-        for (int d = 1; d < kTopk; ++d) {
-          const int ed = ShflUp(e, d);  // every lane shuffles (no short-circuit around it)
-          dup |= k >= d && ed == e;
-        }
-        first = !dup;
+        // w0 and T are multiples of the warp size, kTopk divides it
+        first = !RepeatsEarlierEntry<kTopk>(e, lane % kTopk, kTopk);
       } else {
         const int k = i % topk;
         first = e >= 0 && FirstEntryOf(ids + (i - k), k, e) == k;
@@ -341,11 +357,7 @@ __device__ __forceinline__ void StdExpandRows(const EpKernelArgs& a, int row_byt
     const int32_t flat = have ? a.buf.src_pos[i] : 0;
     const int e = have ? a.buf.dispatch_out_indices[static_cast<size_t>(i) * topk + k] : -1;
     const int rel = have ? a.std.std_rel[static_cast<size_t>(i) * topk + k] : -1;
-    bool dup = false;  // repeats an earlier entry of its token (one row per distinct expert)
-    for (int d = 1; d < topk; ++d) {
-      const int ed = ShflUp(e, d);  // every lane shuffles (no short-circuit around it)
-      dup |= k >= d && ed == e;
-    }
+    const bool dup = RepeatsEarlierEntry<0>(e, k, topk);
     const int el = e - g.rank * epr, s = flat / g.max_send;
     const int row = (rel >= 0 && el >= 0 && el < epr) ? el * g.tpe + s_base[s * epr + el] + rel : -1;
     const bool store = row >= 0 && !dup;
